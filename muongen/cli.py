@@ -1,0 +1,92 @@
+"""`muongen <verb> ...`: a thin argparse front over the package.
+
+Each verb lives in its own module, imported only when that verb runs (so `muongen inspect`
+does not pay for TensorBoard). A verb module defines::
+
+    HELP = "one line for `muongen --help`"
+    def configure(parser: argparse.ArgumentParser) -> None: ...
+    def run(args: argparse.Namespace) -> int: ...
+
+Errors a user can cause (MuongenError) are printed without a traceback and exit non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+
+from muongen import __version__
+from muongen.errors import MuongenError
+
+#: verb -> module implementing it (configure/run/HELP).
+VERBS: dict[str, str] = {
+    "train": "muongen.train.command",
+    "chain": "muongen.chain",
+    "sample": "muongen.evaluate.sample_command",
+    "evaluate": "muongen.evaluate.command",
+    "synth": "muongen.data.synth",
+    "inspect": "muongen.data.inspect",
+    "outliers": "muongen.data.outliers",
+    "tb-merge": "muongen.monitor.tb_merge",
+    "bench": "muongen.bench",
+    "doctor": "muongen.doctor",
+    "config": "muongen.config_command",
+}
+
+
+def build_parser(verbs: dict[str, str] | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="muongen",
+        description="Train and run a conditional WGAN-GP generator of IceCube muon bundles.",
+    )
+    parser.add_argument("--version", action="version", version=f"muongen {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+    sub.required = True
+    for verb, modname in (verbs or VERBS).items():
+        try:
+            mod = importlib.import_module(modname)
+        except ModuleNotFoundError as exc:
+            if exc.name and modname.startswith(exc.name):
+                continue  # verb not built in this installation
+            raise
+        p = sub.add_parser(verb, help=getattr(mod, "HELP", ""), description=getattr(mod, "HELP", ""))
+        mod.configure(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    # Import only the module of the verb asked for (fast startup, fewer heavy imports).
+    verbs = VERBS
+    first = next((a for a in argv if not a.startswith("-")), None)
+    if first in VERBS:
+        verbs = {first: VERBS[first]}
+    parser = build_parser(verbs)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    try:
+        return int(args._run(args) or 0)
+    except MuongenError as exc:
+        print(f"muongen {args.verb}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"muongen {args.verb}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # `muongen inspect ... | head`: quiet exit, and keep Python from complaining at exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

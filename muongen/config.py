@@ -1,0 +1,435 @@
+"""One config tree: nested dataclasses per concern, YAML presets, dotted overrides.
+
+Precedence, lowest first: defaults in code < preset or config file < ``--set key=value``.
+Unknown keys and values of the wrong type are errors naming the key. The resolved config
+is written to the run folder and into every checkpoint (it never holds a token).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from muongen.errors import ConfigError
+
+
+@dataclass
+class DataConfig:
+    paths: list[str] = field(default_factory=list)
+    """Input files, directories, globs or URLs (file://, pelican://, osdf:///)."""
+    synth_if_missing: bool = False
+    """Write synthetic files into paths[0] (a directory) when it has none (the demo)."""
+    synth_files: int = 8
+    """Number of synthetic files written when synth_if_missing applies."""
+    synth_events_per_file: int = 20000
+    """Rows per synthetic file when synth_if_missing applies."""
+    batch_events: int = 4096
+    """Events per training batch."""
+    max_muons_per_batch: int = 262144
+    """Upper bound of sum(counts) per microbatch (bounds GPU memory); events never split."""
+    max_muons_per_event: int = 20000
+    """Events with more muons go to the outlier dataset instead of training (0: no limit)."""
+    keep_empty: bool = True
+    """Keep events without muons (they teach the multiplicity head about zero)."""
+    shuffle_files: bool = True
+    """Shuffle the file order each epoch (seeded)."""
+    shuffle_buffer_events: int = 100000
+    """Events held in the shuffle buffer that mixes rows of several open files (0: off)."""
+    open_files: int = 4
+    """Files read at once into the shuffle buffer."""
+    read_rows: int = 65536
+    """Rows per Arrow record batch read from Parquet."""
+    num_workers: int = 0
+    """DataLoader worker processes per rank (0: read in the training process)."""
+    max_epochs: int = 0
+    """Passes over the files (0: no limit, run until train.max_steps)."""
+    strict: bool = False
+    """Fail the run on the first bad input file instead of skipping and reporting it."""
+    outlier_dir: str = ""
+    """Where outlier events are written (default: <run dir>/outliers)."""
+    outlier_shard_events: int = 10000
+    """Events per outlier Parquet shard."""
+    val_paths: list[str] = field(default_factory=list)
+    """Held-out files evaluated every logging.val_every steps (empty: no validation)."""
+
+
+@dataclass
+class ModelConfig:
+    representation: Literal["xy", "radial"] = "xy"
+    """Muon features: xy = [log E, x, y]; radial = [log E, r] with azimuth drawn uniformly."""
+    z_global: int = 32
+    """Size of the per-event noise vector."""
+    z_local: int = 16
+    """Size of the per-muon noise vector."""
+    context: int = 256
+    """Width of the generator's event context."""
+    mult_hidden: list[int] = field(default_factory=lambda: [64, 128, 64])
+    """Hidden widths of the multiplicity head (predicts log10(N + 1))."""
+    local_hidden: list[int] = field(default_factory=lambda: [128, 64])
+    """Hidden widths of the generator's per-muon network."""
+    critic_muon_hidden: list[int] = field(default_factory=lambda: [64, 128])
+    """Hidden widths of the critic's per-muon network."""
+    critic_head_hidden: list[int] = field(default_factory=lambda: [128, 64])
+    """Hidden widths of the critic's event-level head."""
+    pooling: Literal["amax", "mean"] = "amax"
+    """How the critic pools muons per event."""
+
+
+@dataclass
+class OptimConfig:
+    optimizer: Literal["adam", "sgd"] = "adam"
+    """Adam with betas (beta1, beta2) or SGD with momentum."""
+    lr_generator: float = 1e-4
+    """Generator learning rate (peak, after warm-up)."""
+    lr_critic: float = 1e-4
+    """Critic learning rate (peak, after warm-up)."""
+    betas: list[float] = field(default_factory=lambda: [0.0, 0.9])
+    """Adam betas."""
+    momentum: float = 0.9
+    """SGD momentum."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay."""
+    schedule: Literal["constant", "cosine"] = "constant"
+    """Learning-rate schedule, a pure function of the step."""
+    warmup_steps: int = 0
+    """Linear warm-up steps."""
+    min_lr_ratio: float = 0.1
+    """Final / peak learning rate for the cosine schedule."""
+    grad_clip: float = 0.0
+    """Clip gradient norms to this value (0: off)."""
+    n_critic: int = 5
+    """Critic updates per generator update."""
+    gp_lambda: float = 10.0
+    """Gradient-penalty weight (0: GP off)."""
+    gp_every: int = 2
+    """Apply the gradient penalty every N critic steps."""
+    gp_max_pairs: int = 4096
+    """At most this many (real, fake) muon pairs enter the penalty."""
+    gp_fraction: float = 1.0
+    """Fraction of events that contribute pairs to the penalty."""
+    mult_weight: float = 1.0
+    """Weight of the multiplicity MSE in the generator loss."""
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 1000
+    """Generator steps in this run (0: no limit, stop at the end of the data)."""
+    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
+    """Device; auto picks cuda, then mps, then cpu."""
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """Autocast precision on CUDA (bf16 recommended; fp16 uses a GradScaler)."""
+    tf32: bool = False
+    """Allow TF32 matmuls on Ampere and newer GPUs."""
+    compile: bool = False
+    """torch.compile the generator (and the critic when the GP is off)."""
+    seed: int = 0
+    """Seed of every RNG (per rank: seed + rank)."""
+    deterministic: bool = False
+    """Use deterministic algorithms (slower; exact resume on GPU)."""
+    log_every: int = 50
+    """Log metrics every N steps."""
+    nonfinite_rollback_after: int = 5
+    """Roll back to the last good checkpoint after this many non-finite steps in a row."""
+    max_rollbacks: int = 3
+    """Stop the run after this many rollbacks."""
+    time_budget_s: float = 0.0
+    """Checkpoint and exit with budget_exit_code after this many seconds (0: off)."""
+    budget_exit_code: int = 85
+    """Exit code after the time budget (85: HTCondor's 'checkpointed, restart me')."""
+    signal_exit_code: int = 0
+    """Exit code after a SIGTERM/SIGINT checkpoint."""
+
+
+@dataclass
+class CheckpointConfig:
+    dir: str = ""
+    """Checkpoint folder (default: <run dir>/checkpoints)."""
+    every_steps: int = 500
+    """Checkpoint every N steps (0: off)."""
+    every_minutes: float = 15.0
+    """Checkpoint every M minutes (0: off)."""
+    keep_last: int = 3
+    """Keep this many step checkpoints (older ones are removed)."""
+
+
+@dataclass
+class LoggingConfig:
+    tensorboard: bool = True
+    """Write TensorBoard event files."""
+    tb_dir: str = ""
+    """TensorBoard folder (default: <run dir>/tb)."""
+    progress: Literal["auto", "bar", "plain"] = "auto"
+    """A progress bar on a terminal, plain log lines otherwise (auto)."""
+    ma_window: int = 500
+    """Steps in the moving average of w_gap."""
+    hist_every: int = 500
+    """Histograms of real vs generated features every N steps (0: off)."""
+    hist_max_muons: int = 100000
+    """At most this many muons per histogram."""
+    gpu_monitor: bool = True
+    """Sample GPU utilisation and memory with NVML in a thread (silent without a GPU)."""
+    val_every: int = 0
+    """Evaluate data.val_paths every N steps (0: off)."""
+    val_events: int = 20000
+    """Held-out events used per validation."""
+
+
+@dataclass
+class StorageConfig:
+    token_file: str = ""
+    """Bearer token file for pelican:// and osdf:// (else BEARER_TOKEN[_FILE], _CONDOR_CREDS)."""
+    prefetch: int = 0
+    """Input files staged ahead by a background thread (0: read directly)."""
+    cache_dir: str = ""
+    """Local cache for prefetched files (default: a temp folder in the scratch dir)."""
+    cache_max_bytes: int = 8 * 1024**3
+    """Upper bound of the prefetch cache's size."""
+    delete_after_use: bool = True
+    """Delete a prefetched file once the stream has read it."""
+    retries: int = 5
+    """Attempts of a remote read, listing or publish before giving up."""
+    publish_url: str = ""
+    """Where final checkpoints are published (immutable names; empty: not published)."""
+    tb_sync_url: str = ""
+    """Remote folder TensorBoard event files are synced to (empty: no sync)."""
+    tb_sync_every_s: float = 300.0
+    """Seconds between TensorBoard syncs."""
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field checks; raises ConfigError naming the key."""
+    checks = [
+        ("data.batch_events", cfg.data.batch_events > 0, "must be > 0"),
+        ("data.max_muons_per_batch", cfg.data.max_muons_per_batch > 0, "must be > 0"),
+        ("data.max_muons_per_event", cfg.data.max_muons_per_event >= 0, "must be >= 0"),
+        ("data.open_files", cfg.data.open_files >= 1, "must be >= 1"),
+        ("optim.n_critic", cfg.optim.n_critic >= 1, "must be >= 1"),
+        ("optim.gp_every", cfg.optim.gp_every >= 1, "must be >= 1"),
+        ("optim.gp_fraction", 0.0 < cfg.optim.gp_fraction <= 1.0, "must be in (0, 1]"),
+        ("optim.betas", len(cfg.optim.betas) == 2, "must hold two numbers"),
+        ("optim.lr_generator", cfg.optim.lr_generator > 0, "must be > 0"),
+        ("optim.lr_critic", cfg.optim.lr_critic > 0, "must be > 0"),
+        ("train.max_steps", cfg.train.max_steps >= 0, "must be >= 0"),
+        ("train.log_every", cfg.train.log_every >= 1, "must be >= 1"),
+        ("checkpoint.keep_last", cfg.checkpoint.keep_last >= 1, "must be >= 1"),
+    ]
+    for key, ok, why in checks:
+        if not ok:
+            raise ConfigError(f"config key {key} {why} (got {_get(cfg, key)!r})")
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def preset_names() -> list[str]:
+    """Names of the presets shipped in muongen/presets/."""
+    files = resources.files("muongen.presets").iterdir()
+    return sorted(p.name[:-5] for p in files if p.name.endswith(".yaml"))
+
+
+def load_config(source: str | None = None, overrides: list[str] | None = None) -> Config:
+    """Build the config: defaults < preset name or YAML file ``source`` < ``overrides``.
+
+    Args:
+        source: a preset name (``demo``, ``production-a100``, ...) or a YAML file path.
+        overrides: ``key=value`` strings with dotted keys, e.g. ``optim.lr_critic=2e-5``;
+            values are parsed as YAML scalars/lists.
+    """
+    tree: dict[str, Any] = {}
+    if source:
+        tree = _read_source(source)
+    for item in overrides or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. optim.lr_critic=2e-5)")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from None
+        _set_dotted(tree, key.strip(), value)
+    return from_dict(tree)
+
+
+def _read_source(source: str) -> dict[str, Any]:
+    path = Path(source)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise ConfigError(f"config file {source} does not exist")
+        text = path.read_text()
+        where = str(path)
+    else:
+        if source not in preset_names():
+            raise ConfigError(
+                f"unknown preset {source!r}; presets: {', '.join(preset_names())} (or give a YAML file)"
+            )
+        text = resources.files("muongen.presets").joinpath(f"{source}.yaml").read_text()
+        where = f"preset {source}"
+    try:
+        tree = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where} is not valid YAML: {exc}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{where} must be a mapping of sections (data:, model:, ...)")
+    return tree
+
+
+def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = tree
+    for p in parts[:-1]:
+        nxt = node.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"override {key}: {p} is not a section")
+        node = nxt
+    node[parts[-1]] = value
+
+
+def from_dict(tree: dict[str, Any]) -> Config:
+    """Strictly build a Config from a nested dict (unknown keys and wrong types rejected)."""
+    return _build(Config, tree, "")
+
+
+def _build(cls: type, tree: Any, prefix: str):
+    if not isinstance(tree, dict):
+        raise ConfigError(f"config section {prefix.rstrip('.') or '<root>'} must be a mapping")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in tree:
+        if key not in names:
+            raise ConfigError(
+                f"unknown config key {prefix}{key}; valid keys here: {', '.join(sorted(names))}"
+            )
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in tree:
+            continue
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(hint):
+            kwargs[f.name] = _build(hint, tree[f.name], f"{prefix}{f.name}.")
+        else:
+            kwargs[f.name] = _coerce(tree[f.name], hint, f"{prefix}{f.name}")
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"config section {prefix.rstrip('.')}: {exc}") from None
+
+
+def _coerce(value: Any, hint: Any, key: str) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"config key {key} must be one of {list(args)}, got {value!r}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        for a in args:
+            if a is type(None) and value is None:
+                return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, key)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0])
+    if origin is list:
+        if not isinstance(value, list):
+            if isinstance(value, str) and hint == list[str]:
+                value = [value]
+            else:
+                raise ConfigError(f"config key {key} must be a list, got {value!r}")
+        return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"config key {key} must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise ConfigError(f"config key {key} must be an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if isinstance(value, str):
+                try:
+                    return float(value)  # YAML 1.1 reads "1e-4" as a string
+                except ValueError:
+                    pass
+            raise ConfigError(f"config key {key} must be a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"config key {key} must be a string, got {value!r}")
+        return value
+    raise ConfigError(f"config key {key}: unsupported type {hint}")
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def describe() -> str:
+    """Every key with its default and docstring, for `muongen config --list`."""
+    lines = []
+    for section in dataclasses.fields(Config):
+        cls = typing.get_type_hints(Config)[section.name]
+        docs = _field_docs(cls)
+        for f in dataclasses.fields(cls):
+            default = _get(Config(), f"{section.name}.{f.name}")
+            lines.append(f"{section.name}.{f.name} = {default!r}\n    {docs.get(f.name, '')}")
+    return "\n".join(lines)
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings (the string literal under each field) read from the source."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for prev, node in zip(body, body[1:]):
+        if (
+            isinstance(prev, ast.AnnAssign)
+            and isinstance(prev.target, ast.Name)
+            and isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
+            docs[prev.target.id] = node.value.value.strip()
+    return docs

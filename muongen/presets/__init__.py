@@ -1,0 +1,1 @@
+"""Built-in YAML presets (package data): `muongen train --config NAME`."""
