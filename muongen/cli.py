@@ -53,7 +53,9 @@ def build_parser(verbs: dict[str, str] | None = None) -> argparse.ArgumentParser
             if exc.name and modname.startswith(exc.name):
                 continue  # verb not built in this installation
             raise
-        p = sub.add_parser(verb, help=getattr(mod, "HELP", ""), description=getattr(mod, "HELP", ""))
+        p = sub.add_parser(
+            verb, help=getattr(mod, "HELP", ""), description=getattr(mod, "HELP", "")
+        )
         mod.configure(p)
         p.set_defaults(_run=mod.run)
     return parser

@@ -8,6 +8,7 @@ is written to the run folder and into every checkpoint (it never holds a token).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import types
 import typing
 from dataclasses import dataclass, field
@@ -269,7 +270,9 @@ def load_config(source: str | None = None, overrides: list[str] | None = None) -
     for item in overrides or []:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. optim.lr_critic=2e-5)")
+            raise ConfigError(
+                f"override {item!r} is not of the form key=value (e.g. optim.lr_critic=2e-5)"
+            )
         try:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError as exc:
@@ -288,7 +291,8 @@ def _read_source(source: str) -> dict[str, Any]:
     else:
         if source not in preset_names():
             raise ConfigError(
-                f"unknown preset {source!r}; presets: {', '.join(preset_names())} (or give a YAML file)"
+                f"unknown preset {source!r}; presets: {', '.join(preset_names())} "
+                "(or give a YAML file)"
             )
         text = resources.files("muongen.presets").joinpath(f"{source}.yaml").read_text()
         where = f"preset {source}"
@@ -423,7 +427,7 @@ def _field_docs(cls: type) -> dict[str, str]:
     tree = ast.parse(inspect.getsource(cls))
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs: dict[str, str] = {}
-    for prev, node in zip(body, body[1:]):
+    for prev, node in itertools.pairwise(body):
         if (
             isinstance(prev, ast.AnnAssign)
             and isinstance(prev.target, ast.Name)

@@ -95,7 +95,9 @@ def muon_feature_dim(representation: Representation) -> int:
 
 def _check_rep(representation: str) -> str:
     if representation not in REPRESENTATIONS:
-        raise ValueError(f"unknown muon representation {representation!r}; use one of {REPRESENTATIONS}")
+        raise ValueError(
+            f"unknown muon representation {representation!r}; use one of {REPRESENTATIONS}"
+        )
     return representation
 
 
@@ -109,7 +111,9 @@ def muon_features(muons: Array, representation: Representation = "xy") -> Array:
     lib = _lib(muons)
     log_e = lib.log10(muons[..., 0] / ENERGY_SCALE_GEV)
     if _check_rep(representation) == "xy":
-        return _stack([log_e, muons[..., 1] / POSITION_SCALE_M, muons[..., 2] / POSITION_SCALE_M], muons)
+        return _stack(
+            [log_e, muons[..., 1] / POSITION_SCALE_M, muons[..., 2] / POSITION_SCALE_M], muons
+        )
     r = lib.hypot(muons[..., 1], muons[..., 2])
     return _stack([log_e, r / POSITION_SCALE_M], muons)
 
@@ -129,13 +133,21 @@ def muon_physical(
     lib = _lib(feat)
     energy = ENERGY_SCALE_GEV * 10.0 ** feat[..., 0]
     if _check_rep(representation) == "xy":
-        return _stack([energy, feat[..., 1] * POSITION_SCALE_M, feat[..., 2] * POSITION_SCALE_M], feat)
-    r = feat[..., 1].abs() * POSITION_SCALE_M if lib is torch else np.abs(feat[..., 1]) * POSITION_SCALE_M
+        return _stack(
+            [energy, feat[..., 1] * POSITION_SCALE_M, feat[..., 2] * POSITION_SCALE_M], feat
+        )
+    r = (
+        feat[..., 1].abs() * POSITION_SCALE_M
+        if lib is torch
+        else np.abs(feat[..., 1]) * POSITION_SCALE_M
+    )
     if phi is None:
         if lib is torch:
             u = torch.rand(r.shape, generator=generator, device=r.device, dtype=r.dtype)
         else:
-            rng = generator if isinstance(generator, np.random.Generator) else np.random.default_rng()
+            rng = (
+                generator if isinstance(generator, np.random.Generator) else np.random.default_rng()
+            )
             u = rng.random(r.shape).astype(r.dtype)
         phi = u * (2.0 * math.pi)
     return _stack([energy, r * lib.sin(phi), r * lib.cos(phi)], feat)

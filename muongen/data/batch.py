@@ -6,6 +6,7 @@ to each event. Nothing is ever padded to the largest event.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, fields, replace
 
@@ -98,7 +99,9 @@ class RaggedBatch:
         starts = self.offsets[:-1][index]
         # muon rows of the chosen events, vectorised: start of its event + rank within it
         total = int(counts.sum())
-        first = torch.repeat_interleave(starts - (torch.cumsum(counts, 0) - counts), counts, output_size=total)
+        first = torch.repeat_interleave(
+            starts - (torch.cumsum(counts, 0) - counts), counts, output_size=total
+        )
         rows = first + torch.arange(total, device=counts.device)
         return RaggedBatch(
             self.conditions[index],
@@ -123,7 +126,9 @@ class RaggedBatch:
         """Events of all batches, in order."""
         if not batches:
             return RaggedBatch.empty()
-        keys = None if any(b.keys is None for b in batches) else torch.cat([b.keys for b in batches])
+        keys = (
+            None if any(b.keys is None for b in batches) else torch.cat([b.keys for b in batches])
+        )
         return RaggedBatch(
             torch.cat([b.conditions for b in batches]),
             torch.cat([b.muons for b in batches]),
@@ -149,13 +154,17 @@ class RaggedBatch:
             stop = max(stop, start + 1)  # a lone oversized event still moves forward
             bounds.append(stop)
             base = int(cum[stop - 1])
-        return [self.slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+        return [self.slice(a, b) for a, b in itertools.pairwise(bounds)]
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> RaggedBatch:
         return replace(
             self,
             **{
-                f.name: (None if getattr(self, f.name) is None else getattr(self, f.name).to(device, non_blocking=non_blocking))
+                f.name: (
+                    None
+                    if getattr(self, f.name) is None
+                    else getattr(self, f.name).to(device, non_blocking=non_blocking)
+                )
                 for f in fields(self)
             },
         )
@@ -164,7 +173,9 @@ class RaggedBatch:
         return replace(
             self,
             **{
-                f.name: (None if getattr(self, f.name) is None else getattr(self, f.name).pin_memory())
+                f.name: (
+                    None if getattr(self, f.name) is None else getattr(self, f.name).pin_memory()
+                )
                 for f in fields(self)
             },
         )

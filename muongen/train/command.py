@@ -1,0 +1,105 @@
+"""`muongen train`: config -> Trainer -> train -> publish.
+
+Under torchrun (``torchrun --nproc_per_node N -m muongen train ...``) every process runs
+this; rank 0 writes checkpoints, TensorBoard events and the run folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from muongen.config import load_config, preset_names
+from muongen.errors import CheckpointError
+
+HELP = "train the generator (presets: demo, production-a100; or a YAML file)"
+
+log = logging.getLogger(__name__)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", default="demo", help=f"preset ({', '.join(preset_names())}) or YAML file [demo]"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set optim.lr_critic=2e-5 (repeatable)",
+    )
+    parser.add_argument("--out", default=None, help="run folder [runs/<preset or file name>]")
+    parser.add_argument(
+        "--resume",
+        default=None,
+        metavar="auto|PATH",
+        help="auto: newest valid checkpoint of this run folder; PATH: a checkpoint .pt/.json",
+    )
+    parser.add_argument("--device", default=None, choices=["auto", "cpu", "cuda", "mps"])
+    parser.add_argument(
+        "--max-steps", type=int, default=None, help="same as --set train.max_steps=N"
+    )
+    parser.add_argument(
+        "--range", dest="range_name", default=None, help="name of the data range (grid chain)"
+    )
+    parser.add_argument(
+        "--publish-as", default=None, help="name of the published checkpoint [range or final]"
+    )
+    parser.add_argument(
+        "--profile-steps", type=int, default=0, help="profile N steps first, print top ops"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from muongen.train import distributed as ddp
+    from muongen.train.trainer import Trainer
+
+    overrides = list(args.overrides)
+    if args.device:
+        overrides.append(f"train.device={args.device}")
+    if args.max_steps is not None:
+        overrides.append(f"train.max_steps={args.max_steps}")
+    cfg = load_config(args.config, overrides)
+    run_dir = Path(args.out or Path("runs") / Path(args.config).stem)
+
+    dist = ddp.init("cuda" if cfg.train.device in ("cuda", "auto") and _has_cuda() else "cpu")
+    try:
+        trainer = Trainer(cfg, run_dir, dist=dist, range_name=args.range_name)
+        trainer.resume(args.resume)
+        if dist.is_main:
+            log.info(
+                "run %s: %d input files, device %s, %d process(es), from step %d",
+                run_dir,
+                len(trainer.files),
+                trainer.device,
+                dist.world_size,
+                trainer.step,
+            )
+        code = trainer.train(profile_steps=args.profile_steps)
+        if code == 0 and dist.is_main and cfg.storage.publish_url:
+            _publish(trainer, args.publish_as or args.range_name or "final")
+        return code
+    finally:
+        ddp.close(dist)
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _publish(trainer, name: str) -> None:
+    """Publish the run's final checkpoint under an immutable name."""
+    from muongen.storage.publish import publish_checkpoint
+
+    from muongen.train import checkpoint as ckpt
+
+    latest = ckpt.find_latest(trainer.ckpt_dir)
+    if latest is None:
+        raise CheckpointError(f"nothing to publish: no valid checkpoint in {trainer.ckpt_dir}")
+    staged = ckpt.copy_as(latest, trainer.run_dir / "publish", name, range_name=trainer.range_name)
+    publish_checkpoint(str(staged.pt), str(staged.manifest), trainer.cfg.storage.publish_url)
+    log.info("published %s.pt and %s.json to %s", name, name, trainer.cfg.storage.publish_url)

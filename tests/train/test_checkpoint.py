@@ -1,0 +1,104 @@
+"""Checkpoint files: atomic pair, sha256 trust, rotation, model/optimizer mismatch."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from muongen.errors import CheckpointError
+from muongen.train import checkpoint as ckpt
+
+
+def _state(v: float = 1.0):
+    return {"generator": {"w": torch.full((3,), v)}, "critic": {}, "trainer": {"step": int(v)}}
+
+
+def test_save_writes_pt_and_manifest_with_matching_sha(tmp_path):
+    saved = ckpt.save(_state(), tmp_path, "step-000000005", step=5, range_name="0000000-0000999")
+    meta = json.loads(saved.manifest.read_text())
+    assert meta["pt"] == "step-000000005.pt"
+    assert meta["size"] == saved.pt.stat().st_size
+    assert meta["sha256"] == ckpt.sha256_file(saved.pt)
+    assert meta["step"] == 5 and meta["range"] == "0000000-0000999"
+    payload = ckpt.load(saved.manifest)
+    assert torch.equal(payload["generator"]["w"], torch.ones(3))
+    assert not list(tmp_path.glob("*.tmp")), "temp files left behind"
+
+
+def test_corrupt_newest_is_refused_and_previous_used(tmp_path, caplog):
+    ckpt.save(_state(1), tmp_path, ckpt.STEP_NAME.format(1), step=1)
+    newest = ckpt.save(_state(2), tmp_path, ckpt.STEP_NAME.format(2), step=2)
+    data = bytearray(newest.pt.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, different bytes
+    newest.pt.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="sha256"):
+        ckpt.load(newest.pt)
+    with caplog.at_level(logging.WARNING):
+        found = ckpt.find_latest(tmp_path)
+    assert found.name == "step-000000001.json"
+    assert "sha256" in caplog.text
+
+
+def test_truncated_and_manifestless_pt_are_refused(tmp_path):
+    s = ckpt.save(_state(), tmp_path, "a", step=1)
+    s.pt.write_bytes(s.pt.read_bytes()[:-10])
+    with pytest.raises(CheckpointError, match="truncated"):
+        ckpt.verify(s.pt)
+    lone = tmp_path / "lone.pt"
+    torch.save({"x": 1}, lone)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        ckpt.load(lone)
+
+
+def test_rotate_keeps_last_k_and_removes_manifest_first(tmp_path):
+    for i in range(1, 6):
+        ckpt.save(_state(i), tmp_path, ckpt.STEP_NAME.format(i), step=i)
+    removed = ckpt.rotate(tmp_path, keep_last=2)
+    assert len(removed) == 3
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == [
+        "step-000000004.json",
+        "step-000000005.json",
+    ]
+    assert sorted(p.name for p in tmp_path.glob("*.pt")) == [
+        "step-000000004.pt",
+        "step-000000005.pt",
+    ]
+
+
+def test_copy_as_keeps_bytes_and_sha(tmp_path):
+    s = ckpt.save(_state(), tmp_path / "run", ckpt.STEP_NAME.format(3), step=3)
+    c = ckpt.copy_as(s.manifest, tmp_path / "pub", "0001000-0001999", range_name="0001000-0001999")
+    assert c.sha256 == s.sha256 and c.pt.read_bytes() == s.pt.read_bytes()
+    meta = ckpt.read_manifest(c.manifest)
+    assert meta["name"] == "0001000-0001999" and meta["pt"] == "0001000-0001999.pt"
+    ckpt.verify(c.manifest)
+
+
+def test_model_of_another_shape_is_refused_clearly():
+    a, b = nn.Linear(4, 8), nn.Linear(4, 16)
+    with pytest.raises(CheckpointError, match="does not fit this generator"):
+        ckpt.load_module(b, a.state_dict(), "generator", "x.pt")
+
+
+def test_optimizer_mismatch_resets_with_warning(caplog):
+    model = nn.Linear(4, 4)
+    adam = torch.optim.Adam(model.parameters())
+    model(torch.randn(2, 4)).sum().backward()
+    adam.step()
+    saved = ckpt.optimizer_state(adam)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    with caplog.at_level(logging.WARNING):
+        assert ckpt.load_optimizer(sgd, saved, "critic") is False
+    assert "reset" in caplog.text
+    other = nn.Linear(4, 8)
+    adam2 = torch.optim.Adam([*list(other.parameters()), nn.Parameter(torch.zeros(2))])
+    assert ckpt.load_optimizer(adam2, saved, "critic") is False
+    same_count = nn.Linear(4, 5)  # same number of tensors, other shapes
+    assert ckpt.load_optimizer(torch.optim.Adam(same_count.parameters()), saved, "critic") is False
+    adam3 = torch.optim.Adam(model.parameters())
+    assert ckpt.load_optimizer(adam3, saved, "critic") is True
+    assert adam3.state_dict()["state"][0]["step"] == 1
