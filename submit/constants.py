@@ -1,0 +1,52 @@
+"""Every file name, directory name and magic number the grid workflow relies on.
+
+A DAG directory written by ``python -m submit write`` looks like this (htmap style: one
+place to read what lives where)::
+
+    DIR/
+      campaign.dag              the DAG (DAG_FILE); rescue DAGs appear as campaign.dag.rescue001
+      campaign.dag.status       DAGMan's node status file (STATUS_FILE)
+      dagman.config             DAGMan settings, e.g. DAGMAN_MAX_JOBS_IDLE (written by htcondor2)
+      range_0000000-0000999.sub one submit description per node
+      node.sh                   the node wrapper, copied from jobs/ (NODE_WRAPPER)
+      post_check.py             the POST script, copied from jobs/ (POST_SCRIPT)
+      campaign.yaml             the campaign the DAG was written from (CAMPAIGN_COPY)
+      logs/                     per-node HTCondor log, stdout/stderr per attempt, POST output
+      receipts/                 each finished node's manifest copy, for the POST check
+"""
+
+from __future__ import annotations
+
+# ----------------------------------------------------------------- the DAG directory
+DAG_FILE = "campaign.dag"
+STATUS_FILE = DAG_FILE + ".status"
+RESCUE_SUFFIX = ".rescue"  # DAGMan names rescue DAGs <DAG_FILE>.rescueNNN
+CONDOR_SUB_SUFFIX = ".condor.sub"  # written by condor_submit_dag / Submit.from_dag
+CAMPAIGN_COPY = "campaign.yaml"
+NODE_WRAPPER = "node.sh"
+POST_SCRIPT = "post_check.py"
+LOGS_DIR = "logs"
+RECEIPTS_DIR = "receipts"
+NODE_PREFIX = "range_"  # node name = NODE_PREFIX + range label; also the .sub file's stem
+CATEGORY = "train"  # the DAGMan category every training node belongs to (MAXJOBS throttle)
+STATUS_UPDATE_S = 60  # minimum seconds between node status file updates
+
+# ----------------------------------------------------------------- the job's scratch dir
+# The node wrapper's side of the contract (jobs/node.sh -> muongen chain --node):
+RECEIPT_FILE = "receipt.json"  # a copy of <range>.json that comes back to the access point
+RUN_DIR = "run-{range}"  # all restartable state of a node; spooled on a self-checkpoint exit
+
+# ----------------------------------------------------------------- exit codes
+EXIT_SELF_CHECKPOINT = 85  # checkpoint_exit_code: HTCondor spools RUN_DIR and restarts the job
+EXIT_TRANSIENT = 75  # EX_TEMPFAIL: storage unreachable; the job is held, then released later
+
+# ----------------------------------------------------------------- HTCondor hold reasons
+HOLD_TRANSFER_OUTPUT = 12  # TransferOutputError (also self-checkpoint transfers)
+HOLD_TRANSFER_INPUT = 13  # TransferInputError
+HOLD_JOB_POLICY = 3  # JobPolicy: our on_exit_hold, with HoldReasonSubCode = EXIT_TRANSIENT
+
+# ----------------------------------------------------------------- campaign vocabulary
+FEDERATION_OSDF = "osdf"  # data URLs osdf:///<base>/...
+FEDERATION_LOCAL = "local"  # data URLs file:///<base>/... (muongen chain --local only)
+JOB_DURATIONS = ("Medium", "Long")  # OSPool +JobDurationCategory values
+RANGE_DIGITS = 7  # range folders are NNNNNNN-NNNNNNN (file numbers, zero padded)

@@ -1,0 +1,147 @@
+from __future__ import annotations
+
+import datetime as dt
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from muongen.cli import main
+from muongen.monitor.tb_merge import SOURCE_MARKER, parse_since, run_names
+from muongen.monitor.tensorboard import read_scalars
+
+
+def _events(run_dir: Path) -> list[Path]:
+    return sorted(run_dir.glob("events.out.tfevents.*"))
+
+
+def _age(run_dir: Path, days: float) -> None:
+    old = time.time() - days * 86400
+    for f in _events(run_dir):
+        os.utime(f, (old, old))
+
+
+@pytest.fixture
+def nodes(tmp_path, tb_run):
+    # Two grid nodes' TB folders; both hold campA/r000 (a collision), node2 also r001.
+    for node, ranges in {"node1": ["r000"], "node2": ["r000", "r001"]}.items():
+        for i, rng in enumerate(ranges):
+            tb_run(tmp_path / node / "tb" / "campA" / rng, steps=2 + i)
+    tb_run(tmp_path / "node2" / "tb" / "campB" / "r000", steps=1)
+    return tmp_path
+
+
+def test_symlink_merge_with_collisions(nodes, capsys):
+    out = nodes / "merged"
+    src = [str(nodes / "node1/tb"), str(nodes / "node2/tb")]
+    assert main(["tb-merge", *src, "--out", str(out)]) == 0
+    runs = sorted(p.parent.relative_to(out).as_posix() for p in out.rglob("events.out.*"))
+    assert runs == [
+        "campA/r001",
+        "campB/r000",
+        "node1/tb/campA/r000",
+        "node2/tb/campA/r000",
+    ]
+    linked = _events(out / "node2/tb/campA/r000")[0]
+    assert linked.is_symlink()
+    assert linked.resolve() == _events(nodes / "node2/tb/campA/r000")[0].resolve()
+    assert read_scalars(out / "campA/r001")["loss/c_loss"] == [(0, 0.0), (1, 0.5), (2, 1.0)]
+    text = capsys.readouterr().out
+    assert "4 runs" in text and "4 event files linked" in text
+
+    # A second merge adds nothing and keeps the names.
+    assert main(["tb-merge", *src, "--out", str(out)]) == 0
+    assert "0 event files linked, 4 unchanged" in capsys.readouterr().out
+
+
+def test_copy_mode_copies_files(nodes):
+    out = nodes / "copied"
+    assert main(["tb-merge", str(nodes / "node2/tb/campB"), "--out", str(out), "--copy"]) == 0
+    (copied,) = _events(out / "r000")
+    assert not copied.is_symlink()
+    assert copied.read_bytes() == _events(nodes / "node2/tb/campB/r000")[0].read_bytes()
+
+
+def test_match_glob_and_since_filters(nodes, capsys):
+    _age(nodes / "node1/tb/campA/r000", days=5)
+    src = [str(nodes / "node1/tb"), str(nodes / "node2/tb")]
+
+    out = nodes / "m1"
+    assert main(["tb-merge", *src, "--out", str(out), "--match", r"campA/r00[01]$"]) == 0
+    assert not (out / "campB").exists()
+    assert (out / "campA/r001").is_dir()
+
+    out = nodes / "m2"
+    assert main(["tb-merge", *src, "--out", str(out), "--glob", "campB/*"]) == 0
+    assert [p.name for p in out.iterdir()] == ["campB"]
+    assert (out / "campB/r000").is_dir()
+    assert not (out / "campA").exists()
+
+    out = nodes / "m3"
+    assert main(["tb-merge", *src, "--out", str(out), "--since", "2d"]) == 0
+    # node1's old run is left out, so node2's campA/r000 no longer collides
+    assert (out / "campA/r000").is_dir()
+    assert os.path.realpath(_events(out / "campA/r000")[0]).startswith(str(nodes / "node2"))
+    assert not (out / "node1").exists()
+
+    since = (dt.datetime.now() - dt.timedelta(days=10)).date().isoformat()
+    out = nodes / "m4"
+    assert main(["tb-merge", *src, "--out", str(out), "--since", since]) == 0
+    assert len(list(out.rglob("events.out.*"))) == 4
+
+
+def test_dry_run_touches_nothing(nodes, capsys):
+    out = nodes / "dry"
+    assert main(["tb-merge", str(nodes / "node2/tb"), "--out", str(out), "--dry-run"]) == 0
+    assert not out.exists()
+    assert "would place" in capsys.readouterr().out
+
+
+def test_nested_runs_and_out_inside_source(tmp_path, tb_run, capsys):
+    tb_run(tmp_path / "tb", steps=1)  # a run at the top of SRC ...
+    tb_run(tmp_path / "tb" / "r1", steps=2)  # ... and one inside it
+    out = tmp_path / "tb" / "merged"  # OUT inside SRC is not merged into itself
+    assert main(["tb-merge", str(tmp_path / "tb"), "--out", str(out)]) == 0
+    assert len(_events(out / "tb")) == 1
+    assert len(_events(out / "r1")) == 1
+    assert (out / "r1" / SOURCE_MARKER).read_text().strip() == str((tmp_path / "tb/r1").resolve())
+    assert main(["tb-merge", str(tmp_path / "tb"), "--out", str(out)]) == 0
+    assert "2 runs" in capsys.readouterr().out.splitlines()[-2]
+
+
+def test_name_taken_by_another_source_gets_a_suffix(tmp_path, tb_run):
+    tb_run(tmp_path / "a" / "r0")
+    tb_run(tmp_path / "b" / "r0")
+    out = tmp_path / "out"
+    assert main(["tb-merge", str(tmp_path / "a"), "--out", str(out)]) == 0
+    assert main(["tb-merge", str(tmp_path / "b"), "--out", str(out)]) == 0  # separate merge
+    assert sorted(p.name for p in out.iterdir()) == ["r0", "r0-2"]
+    assert os.path.realpath(_events(out / "r0-2")[0]).startswith(str(tmp_path / "b"))
+
+
+def test_run_names_number_identical_paths(tmp_path, tb_run):
+    from muongen.monitor.tb_merge import find_runs
+
+    tb_run(tmp_path / "x" / "r0")
+    (run,) = find_runs([tmp_path / "x"])
+    assert run_names([run, run]) == ["r0", "r0-2"]
+
+
+def test_bad_arguments(tmp_path, capsys):
+    assert main(["tb-merge", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) != 0
+    assert "not a folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["tb-merge", str(tmp_path), "--out", str(tmp_path / "o"), "--since", "yesterday"])
+    with pytest.raises(SystemExit):
+        main(["tb-merge", str(tmp_path), "--out", str(tmp_path / "o"), "--match", "("])
+    with pytest.raises(SystemExit):
+        main(["tb-merge", str(tmp_path), "--out", str(tmp_path / "o"), "--copy", "--symlink"])
+
+
+def test_parse_since():
+    now = dt.datetime(2024, 5, 10, 12, tzinfo=dt.timezone.utc)
+    assert parse_since("2d", now) == now - dt.timedelta(days=2)
+    assert parse_since("90s", now) == now - dt.timedelta(seconds=90)
+    assert parse_since("2024-05-01T00:00+00:00") == dt.datetime(2024, 5, 1, tzinfo=dt.timezone.utc)
+    assert parse_since("2024-05-01").tzinfo is not None
