@@ -1,0 +1,183 @@
+"""Publishing a checkpoint under an immutable name, and fetching one back, sha-checked.
+
+A checkpoint is ``<name>.pt`` plus its manifest ``<name>.json`` (keys: name, pt, step,
+range, created, size, sha256, muongen_version, schema_version). Remote stores cannot
+rename, so publishing uploads the ``.pt`` first, checks the stored size, and writes the
+manifest last: a reader that trusts a ``.pt`` only through its manifest never sees a
+half-published checkpoint, and a failed publish leaves everything published before it
+as it was. A published name is never overwritten with different content.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from typing import Any
+
+from muongen.errors import CheckpointError, StorageError
+from muongen.storage import files, tokens
+from muongen.storage.tokens import Token
+
+log = logging.getLogger("muongen.storage")
+
+REQUIRED_KEYS = ("pt", "size", "sha256")
+
+
+def sha256_of(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _parse_manifest(raw: bytes, where: str) -> dict[str, Any]:
+    try:
+        manifest = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"checkpoint manifest {where} is not valid JSON ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"checkpoint manifest {where} is not a JSON object")
+    missing = [k for k in REQUIRED_KEYS if k not in manifest]
+    if missing:
+        raise CheckpointError(f"checkpoint manifest {where} lacks {', '.join(missing)}")
+    pt = str(manifest["pt"])
+    if not pt or "/" in pt or pt in (".", ".."):
+        raise CheckpointError(f"checkpoint manifest {where}: 'pt' must be a file name, got {pt!r}")
+    return manifest
+
+
+def _write_token_for(dest_url_dir: str, token: Token | None) -> Token | None:
+    if token is not None or not files.is_pelican(dest_url_dir):
+        if token is not None:
+            tokens.check_token(token, dest_url_dir, "write")
+        return token
+    s = files.settings()
+    return tokens.require_token(
+        dest_url_dir, "write", token_file=s.token_file, token_name=s.token_name
+    )
+
+
+def _read_token_for(dest_url_dir: str, token: Token | None) -> Token | None:
+    """The token for checking what is already published: the write token if it may read
+    there too, else a discovered read token (a create-only token cannot look)."""
+    if token is None or token.covers(tokens.scope_path(dest_url_dir), "read"):
+        return token
+    s = files.settings()
+    found = tokens.find_token(dest_url_dir, "read", token_name=s.token_name)
+    return found or token
+
+
+def publish_checkpoint(
+    pt_path: str, json_path: str, dest_url_dir: str, *, token: Token | None = None
+) -> str:
+    """Publish ``pt_path`` + its manifest ``json_path`` into ``dest_url_dir``.
+
+    The local ``.pt`` is checked against the manifest first; the token (for remote
+    destinations) is checked for create/modify scope before anything is sent. Publishing
+    the same checkpoint again is a no-op, so a retried grid job may call this twice.
+
+    Returns:
+        The URL (or path) of the published manifest.
+
+    Raises:
+        CheckpointError: the local .pt does not match its manifest.
+        TokenError: no token allows writing to ``dest_url_dir``.
+        StorageError: the name is already published with other content, or the upload
+            failed after its retries (what was published before is untouched).
+    """
+    with open(json_path, "rb") as f:
+        raw = f.read()
+    manifest = _parse_manifest(raw, json_path)
+    pt_name, json_name = os.path.basename(pt_path), os.path.basename(json_path)
+    if manifest["pt"] != pt_name:
+        raise CheckpointError(f"manifest {json_path} describes {manifest['pt']}, not {pt_name}")
+    size, digest = os.path.getsize(pt_path), sha256_of(pt_path)
+    if size != int(manifest["size"]) or digest != manifest["sha256"]:
+        raise CheckpointError(
+            f"{pt_path} does not match its manifest {json_path} (size {size} vs "
+            f"{manifest['size']}, sha256 {digest[:12]}.. vs {str(manifest['sha256'])[:12]}..); "
+            "it changed after the manifest was written: save the checkpoint again"
+        )
+    token = _write_token_for(dest_url_dir, token)
+    reader = _read_token_for(dest_url_dir, token)
+    dest_pt, dest_json = files.join(dest_url_dir, pt_name), files.join(dest_url_dir, json_name)
+
+    if files.exists(dest_json, token=reader):
+        published = _parse_manifest(files.cat(dest_json, token=reader), dest_json)
+        if published["sha256"] == digest and int(published["size"]) == size:
+            log.info("checkpoint %s is already published at %s", pt_name, dest_json)
+            return dest_json
+        raise StorageError(
+            f"refusing to publish {pt_name}: {dest_json} is already published with another "
+            f"checkpoint (sha256 {str(published['sha256'])[:12]}..). Published names are "
+            "immutable: publish under a new name (or a new campaign folder)."
+        )
+    try:
+        if _same_file_there(dest_pt, size, digest, reader):
+            log.info("%s is already uploaded (an earlier attempt); writing its manifest", dest_pt)
+        else:
+            files.put_file(pt_path, dest_pt, token=token)
+        files.put_file(json_path, dest_json, token=token)
+    except StorageError as exc:
+        kind = type(exc)
+        raise kind(
+            f"publishing checkpoint {pt_name} to {dest_url_dir} failed; nothing published "
+            f"before is changed and {json_name} was not written. {exc}"
+        ) from None
+    log.info("published checkpoint %s (%d bytes) to %s", pt_name, size, dest_url_dir)
+    return dest_json
+
+
+def _same_file_there(url: str, size: int, digest: str, token: Token | None) -> bool:
+    """Whether ``url`` already holds exactly these bytes (an orphan of a failed publish)."""
+    if not files.exists(url, token=token) or files.size(url, token=token) != size:
+        return False
+    with tempfile.TemporaryDirectory(prefix="muongen-publish-") as tmp:
+        local = files.get_file(url, os.path.join(tmp, "check"), token=token)
+        return sha256_of(local) == digest
+
+
+def fetch_checkpoint(manifest_url: str, dest_dir: str, *, token: Token | None = None) -> str:
+    """Download the checkpoint a manifest describes into ``dest_dir``; return the .pt path.
+
+    The manifest is saved beside it. A copy already in ``dest_dir`` that matches is reused.
+
+    Raises:
+        CheckpointError: the manifest is invalid, or the .pt's size or sha256 differ from it.
+        StorageError / TokenError: the files cannot be read.
+    """
+    raw = files.cat(manifest_url, token=token)
+    manifest = _parse_manifest(raw, manifest_url)
+    pt_url = files.join(files.parent(manifest_url), manifest["pt"])
+    os.makedirs(dest_dir, exist_ok=True)
+    dest = os.path.join(dest_dir, manifest["pt"])
+    want_size, want_sha = int(manifest["size"]), str(manifest["sha256"])
+    if not (
+        os.path.isfile(dest) and os.path.getsize(dest) == want_size and sha256_of(dest) == want_sha
+    ):
+        tmp = os.path.join(dest_dir, f".{manifest['pt']}.fetch")
+        try:
+            files.get_file(pt_url, tmp, token=token)
+            got_size, got_sha = os.path.getsize(tmp), sha256_of(tmp)
+            if got_size != want_size or got_sha != want_sha:
+                raise CheckpointError(
+                    f"{pt_url} does not match its manifest {manifest_url}: size {got_size} vs "
+                    f"{want_size}, sha256 {got_sha[:12]}.. vs {want_sha[:12]}..; the checkpoint "
+                    "is corrupt or was replaced. Do not use it: publish it again or pick "
+                    "another checkpoint."
+                )
+            os.replace(tmp, dest)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+    json_dest = os.path.join(dest_dir, os.path.basename(manifest_url.rstrip("/")))
+    tmp_json = json_dest + ".part"
+    with open(tmp_json, "wb") as f:
+        f.write(raw)
+    os.replace(tmp_json, json_dest)
+    return dest
