@@ -81,6 +81,8 @@ class ModelConfig:
     """Hidden widths of the critic's event-level head."""
     pooling: Literal["amax", "mean"] = "amax"
     """How the critic pools muons per event."""
+    max_generated_muons: int = 20000
+    """Cap on the muons the generator makes for one event (protects memory; 0: no cap)."""
 
 
 @dataclass
@@ -103,6 +105,8 @@ class OptimConfig:
     """Linear warm-up steps."""
     min_lr_ratio: float = 0.1
     """Final / peak learning rate for the cosine schedule."""
+    decay_steps: int = 0
+    """Generator steps over which the cosine schedule decays (0: train.max_steps)."""
     grad_clip: float = 0.0
     """Clip gradient norms to this value (0: off)."""
     n_critic: int = 5
@@ -115,6 +119,8 @@ class OptimConfig:
     """At most this many (real, fake) muon pairs enter the penalty."""
     gp_fraction: float = 1.0
     """Fraction of events that contribute pairs to the penalty."""
+    gp_norm: Literal["muon", "event"] = "muon"
+    """Gradient norm penalised: per paired muon (the original's) or per event's paired set."""
     mult_weight: float = 1.0
     """Weight of the multiplicity MSE in the generator loss."""
 
@@ -131,6 +137,8 @@ class TrainConfig:
     """Allow TF32 matmuls on Ampere and newer GPUs."""
     compile: bool = False
     """torch.compile the generator (and the critic when the GP is off)."""
+    fake_counts: Literal["real", "predicted"] = "real"
+    """Muons per fake event in training: the real event's count, or the head's prediction."""
     seed: int = 0
     """Seed of every RNG (per rank: seed + rank)."""
     deterministic: bool = False
@@ -181,6 +189,8 @@ class LoggingConfig:
     """Evaluate data.val_paths every N steps (0: off)."""
     val_events: int = 20000
     """Held-out events used per validation."""
+    audit_events: bool = False
+    """Record the key of every event trained on in <run dir>/audit/ (exactly-once audits)."""
 
 
 @dataclass
@@ -197,6 +207,14 @@ class StorageConfig:
     """Delete a prefetched file once the stream has read it."""
     retries: int = 5
     """Attempts of a remote read, listing or publish before giving up."""
+    retry_wait_s: float = 1.0
+    """First back-off between attempts; doubles each retry (plus random jitter)."""
+    retry_max_wait_s: float = 30.0
+    """Longest back-off between two attempts."""
+    timeout_s: float = 60.0
+    """Seconds without progress (connect or read) after which a transfer is retried."""
+    token_name: str = ""
+    """Name of the HTCondor credential to use ($_CONDOR_CREDS/<name>.use; empty: any)."""
     publish_url: str = ""
     """Where final checkpoints are published (immutable names; empty: not published)."""
     tb_sync_url: str = ""
@@ -235,6 +253,8 @@ def validate(cfg: Config) -> None:
         ("optim.n_critic", cfg.optim.n_critic >= 1, "must be >= 1"),
         ("optim.gp_every", cfg.optim.gp_every >= 1, "must be >= 1"),
         ("optim.gp_fraction", 0.0 < cfg.optim.gp_fraction <= 1.0, "must be in (0, 1]"),
+        ("optim.gp_max_pairs", cfg.optim.gp_max_pairs >= 0, "must be >= 0 (0: no cap)"),
+        ("model.max_generated_muons", cfg.model.max_generated_muons >= 0, "must be >= 0"),
         ("optim.betas", len(cfg.optim.betas) == 2, "must hold two numbers"),
         ("optim.lr_generator", cfg.optim.lr_generator > 0, "must be > 0"),
         ("optim.lr_critic", cfg.optim.lr_critic > 0, "must be > 0"),

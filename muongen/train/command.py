@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
             )
         code = trainer.train(profile_steps=args.profile_steps)
         if code == 0 and dist.is_main and cfg.storage.publish_url:
-            _publish(trainer, args.publish_as or args.range_name or "final")
+            publish_final(trainer, args.publish_as or args.range_name or "final")
         return code
     finally:
         ddp.close(dist)
@@ -91,7 +91,7 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def _publish(trainer, name: str) -> None:
+def publish_final(trainer, name: str) -> None:
     """Publish the run's final checkpoint under an immutable name."""
     from muongen.storage.publish import publish_checkpoint
 

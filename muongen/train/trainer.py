@@ -137,6 +137,7 @@ class Trainer:
         from muongen.monitor.health import MovingAverage
 
         self.step = 0  # generator steps taken, over all resumed runs
+        self.data_steps = 0  # of which on this run's input files (a chain node's own range)
         self.events_seen = 0
         self.muons_seen = 0
         self.nonfinite_total = 0
@@ -145,22 +146,37 @@ class Trainer:
         self._consecutive_skips = torch.zeros((), dtype=torch.int64, device=self.device)
         self._stop_signal: int | None = None
         self._last_good: Path | None = None
+        self._audit_pending: list[torch.Tensor] = []
+        self.unused_tail_events = 0
+        self._audit_path = self.run_dir / "audit" / f"rank{self.dist.rank}.i64"
 
     # ------------------------------------------------------------------ building
 
     def _input_files(self) -> list[str]:
         from muongen.storage import expand_inputs
+        from muongen.storage import files as storage_files
+        from muongen.storage.access import check_access
 
         cfg = self.cfg.data
         if not cfg.paths:
             raise TrainingError("no inputs: set data.paths (files, folders, globs or URLs)")
+        storage_files.configure(self.cfg.storage)
         if cfg.synth_if_missing:
             self._synthesise_if_missing(cfg.paths[0])
+        # Tokens and reachability are checked before any training: a missing scope fails
+        # now with a clear message, not hours into the run.
+        outputs = [u for u in (self.cfg.storage.publish_url, self.cfg.storage.tb_sync_url) if u]
+        for line in check_access(cfg.paths, outputs if self.dist.is_main else []):
+            log.info("access: %s", line)
         return expand_inputs(cfg.paths)
 
     def _synthesise_if_missing(self, folder: str) -> None:
         from muongen.data.synth import write_synthetic
 
+        if "://" in folder or any(c in folder for c in "*?["):
+            raise TrainingError(
+                f"data.synth_if_missing needs data.paths[0] to be a local folder, not {folder}"
+            )
         path = Path(folder)
         if self.dist.is_main and not (path.is_dir() and any(path.rglob("*.parquet"))):
             cfg = self.cfg.data
@@ -221,7 +237,8 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         """Everything a checkpoint holds. Collective under torchrun: call on every rank."""
         per_rank = ddp.gather_objects(
-            {"data": self.stream.state_dict(), "rng": rng_state()}, self.dist
+            {"data": self.stream.state_dict(), "rng": rng_state(), "audit": self._audit_flush()},
+            self.dist,
         )
         return {
             "generator": self.generator.state_dict(),
@@ -237,10 +254,12 @@ class Trainer:
             },
             "data": {
                 "fingerprint": self.data_fingerprint,
+                "steps": self.data_steps,
                 "world_size": self.dist.world_size,
                 "ranks": [r["data"] for r in per_rank],
             },
             "rng": [r["rng"] for r in per_rank],
+            "audit_bytes": [r["audit"] for r in per_rank],
             "config": self.cfg.to_dict(),
             "muongen_version": __version__,
         }
@@ -275,10 +294,15 @@ class Trainer:
                 )
             self.stream = self._make_stream()
             self.stream.load_state_dict(data["ranks"][self.dist.rank])
+            self.data_steps = int(data.get("steps", 0))
             rngs = payload.get("rng") or []
             if len(rngs) > self.dist.rank:
                 set_rng_state(rngs[self.dist.rank])
+            audit = payload.get("audit_bytes") or []
+            if len(audit) > self.dist.rank:
+                self._audit_truncate(audit[self.dist.rank])
         else:
+            self.data_steps = 0
             log.info(
                 "checkpoint %s was made on other input files: weights, optimizer and step "
                 "restored, data starts at the beginning of this run's files",
@@ -325,6 +349,30 @@ class Trainer:
         log.info("resumed from %s at step %d", found, self.step)
         return found
 
+    def _audit_flush(self) -> int:
+        """Append pending event keys to this rank's audit file; returns its length in bytes.
+
+        Called when a checkpoint is taken, so the file always matches the checkpointed state
+        (a resume truncates it back to the length its checkpoint recorded).
+        """
+        if not self.cfg.logging.audit_events:
+            return 0
+        self._audit_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self._audit_path, "ab") as f:
+            for keys in self._audit_pending:
+                f.write(keys.cpu().numpy().astype("<i8").tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+            size = f.tell()
+        self._audit_pending.clear()
+        return size
+
+    def _audit_truncate(self, size: int) -> None:
+        self._audit_pending.clear()
+        if self.cfg.logging.audit_events and self._audit_path.exists():
+            with open(self._audit_path, "r+b") as f:
+                f.truncate(size)
+
     # ------------------------------------------------------------------ one step
 
     def to_features(self, batch: RaggedBatch) -> RaggedBatch:
@@ -343,6 +391,8 @@ class Trainer:
             self.to_features(m) for m in batch.split_by_muons(self.cfg.data.max_muons_per_batch)
         ]
         out = self.step_fn(micro)
+        if self.cfg.logging.audit_events and batch.keys is not None:
+            self._audit_pending.append(batch.keys.clone())
         skipped = (out["skipped"] > 0).to(torch.int64)
         self._consecutive_skips = (self._consecutive_skips + 1) * skipped
         return out
@@ -354,11 +404,10 @@ class Trainer:
 
         Returns the process exit code (0, train.signal_exit_code, train.budget_exit_code).
         """
-        from muongen.monitor.tensorboard import TensorBoardLogger
-
         from muongen.monitor.gpu import GpuMonitor
         from muongen.monitor.health import classify
         from muongen.monitor.progress import Progress
+        from muongen.monitor.tensorboard import TensorBoardLogger
 
         cfg = self.cfg
         main = self.dist.is_main
@@ -392,30 +441,40 @@ class Trainer:
             if profile_steps:
                 self._profile(it, profile_steps)
             while not cfg.train.max_steps or self.step < cfg.train.max_steps:
-                t0 = time.perf_counter()
-                batch = next(it, None)
-                t1 = time.perf_counter()
+                # Stop before drawing the next batch: a drawn batch counts as consumed in
+                # the data cursor, so checkpointing after drawing it would skip it on resume.
                 budget_up = (
                     cfg.train.time_budget_s > 0
                     and time.monotonic() - t_start > cfg.train.time_budget_s
                 )
-                stop, exhausted, budget = ddp.agree(
-                    [int(self._stop_signal is not None), int(batch is None), int(budget_up)],
-                    self.dist,
-                    self.device,
+                stop, budget = ddp.agree(
+                    [int(self._stop_signal is not None), int(budget_up)], self.dist, self.device
                 )
-                if exhausted:
-                    log.info("end of data after %d epoch(s)", self.stream.epoch)
-                    break
                 if stop or budget:
                     self.save_checkpoint()
                     exit_code = cfg.train.signal_exit_code if stop else cfg.train.budget_exit_code
                     why = "signal" if stop else f"time budget of {cfg.train.time_budget_s:.0f} s"
                     log.info("stopping after %s: checkpoint written, exit code %d", why, exit_code)
                     break
+                t0 = time.perf_counter()
+                batch = next(it, None)
+                t1 = time.perf_counter()
+                (exhausted,) = ddp.agree([int(batch is None)], self.dist, self.device)
+                if exhausted:
+                    if batch is not None:  # another rank ran out first (uneven shards)
+                        self.unused_tail_events = batch.n_events + sum(b.n_events for b in it)
+                        log.warning(
+                            "rank %d: another rank ran out of data first; %d events of this "
+                            "rank's shard were not trained on (recorded in summary.json)",
+                            self.dist.rank,
+                            self.unused_tail_events,
+                        )
+                    log.info("end of data after %d epoch(s)", self.stream.epoch)
+                    break
 
                 out = self.train_step(batch)
                 self.step += 1
+                self.data_steps += 1
                 self.events_seen += batch.n_events
                 self.muons_seen += batch.n_muons
                 window["events"] += batch.n_events
@@ -617,10 +676,12 @@ class Trainer:
         log.info("profiler trace: %s", trace)
 
     def _write_summary(self, seconds: float) -> None:
+        unused = ddp.gather_objects(self.unused_tail_events, self.dist)  # collective
         if not self.dist.is_main:
             return
         summary = {
             "step": self.step,
+            "steps_on_these_inputs": self.data_steps,
             "events_seen": self.events_seen,
             "muons_seen": self.muons_seen,
             "wall_s": round(seconds, 2),
@@ -629,6 +690,7 @@ class Trainer:
             "data": self.stream.stats,
             "w_gap_ma": self.w_gap_ma.value,
             "range": self.range_name,
+            "unused_tail_events_per_rank": unused,
         }
         (self.run_dir / "summary.json").write_text(
             json.dumps(summary, indent=2, default=str) + "\n"

@@ -1,0 +1,297 @@
+"""`muongen chain`: one grid node, or the whole chain of nodes on one machine.
+
+A node trains one range of files, continuing from the previous range's checkpoint, and
+publishes its own (design section 4):
+
+1. resume from its own self-checkpoint in the scratch dir when the job was restarted
+   (eviction, or HTCondor's ``checkpoint_exit_code`` restart);
+2. else from the previous range's checkpoint (manifest + sha256 checked; a local file that
+   HTCondor transferred in, or a URL fetched through storage);
+3. else start fresh, which only the first range may do;
+4. train on every file of the range once; exit 85 after the self-checkpoint interval;
+5. publish ``<range>.pt`` then ``<range>.json`` and sync TensorBoard events.
+
+``muongen chain --node ...`` is what ``jobs/node.sh`` runs inside the container on an
+execute node. ``muongen chain CAMPAIGN --local`` walks a campaign's ranges in order on this
+machine, running each node as a subprocess exactly as DAGMan would, with retries,
+exponential back-off and a progress record, so a GPU workstation runs what the grid runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from muongen.errors import CampaignError, CheckpointError, MuongenError, StorageError
+
+HELP = "run one grid node (--node) or a campaign's whole chain on this machine (--local)"
+
+log = logging.getLogger(__name__)
+
+EXIT_RESTART_ME = 85  # HTCondor's checkpoint_exit_code convention
+EXIT_TRANSIENT = 75  # EX_TEMPFAIL: storage unreachable; the grid job is held, then released
+RECEIPT_FILE = "receipt.json"
+PROGRESS_FILE = "chain-progress.json"
+
+
+@dataclass
+class NodeSpec:
+    """What one node needs; mirrors the arguments jobs/node.sh passes."""
+
+    range_name: str
+    data: str
+    preset: str = "production-a100"
+    overrides: list[str] = field(default_factory=list)
+    prev_manifest: str = ""
+    ckpt_dest: str = ""
+    tb_dest: str = ""
+    self_checkpoint_s: float = 0.0
+    scratch: str = ""
+    campaign: str = ""
+
+
+def run_node(spec: NodeSpec) -> int:
+    """Train one range; returns the exit code (0 done, 85 restart me, other: failed)."""
+    from muongen.config import load_config
+    from muongen.train import checkpoint as ckpt
+    from muongen.train.command import publish_final
+    from muongen.train.trainer import Trainer
+
+    scratch = Path(spec.scratch or os.environ.get("_CONDOR_SCRATCH_DIR") or os.getcwd())
+    run_dir = scratch / f"run-{spec.range_name}"
+    overrides = [
+        f"data.paths=[{json.dumps(spec.data)}]",
+        "data.max_epochs=1",
+        "data.synth_if_missing=false",  # a node trains on its range's real files only
+        "train.max_steps=0",
+        f"train.time_budget_s={float(spec.self_checkpoint_s)}",
+        f"train.budget_exit_code={EXIT_RESTART_ME}",
+        # evicted (SIGTERM): checkpoint, then ask to be restarted rather than report success
+        f"train.signal_exit_code={EXIT_RESTART_ME}",
+        f"logging.tb_dir={json.dumps(str(run_dir / 'tb' / spec.range_name))}",
+        *spec.overrides,
+    ]
+    if spec.ckpt_dest:
+        overrides.append(f"storage.publish_url={json.dumps(spec.ckpt_dest)}")
+    if spec.tb_dest:
+        overrides.append(f"storage.tb_sync_url={json.dumps(spec.tb_dest)}")
+    cfg = load_config(spec.preset, overrides)
+    trainer = Trainer(cfg, run_dir, range_name=spec.range_name)
+
+    own = ckpt.find_latest(trainer.ckpt_dir)
+    if own is not None:
+        log.info("node %s: restarted; resuming from its own checkpoint %s", spec.range_name, own)
+        trainer.resume(str(own))
+    elif spec.prev_manifest:
+        prev = _fetch_previous(spec.prev_manifest, scratch / "previous")
+        log.info(
+            "node %s: continuing from the previous range's checkpoint %s", spec.range_name, prev
+        )
+        trainer.resume(str(prev))
+    else:
+        log.info("node %s: first range, starting fresh", spec.range_name)
+
+    code = trainer.train()
+    if code == 0:
+        # Stage <range>.pt/.json at the top of the scratch dir (HTCondor's output transfer
+        # picks them up there), and publish through storage when a destination is given.
+        latest = ckpt.find_latest(trainer.ckpt_dir)
+        staged = ckpt.copy_as(latest, scratch, spec.range_name, range_name=spec.range_name)
+        # receipt.json: a copy of the manifest that comes back to the access point, where
+        # the POST script checks it when the checkpoint itself went to the OSDF.
+        (scratch / RECEIPT_FILE).write_bytes(staged.manifest.read_bytes())
+        if spec.ckpt_dest:
+            publish_final(trainer, spec.range_name)
+    return code
+
+
+def _fetch_previous(manifest: str, dest: Path) -> Path:
+    """The previous range's checkpoint as a verified local manifest path."""
+    from muongen.storage import is_remote
+    from muongen.train import checkpoint as ckpt
+
+    if is_remote(manifest) or manifest.startswith("file://"):
+        from muongen.storage.publish import fetch_checkpoint
+
+        pt = Path(fetch_checkpoint(manifest, str(dest)))
+        return ckpt.manifest_for(pt)
+    path = Path(manifest)
+    if not path.exists():
+        raise CheckpointError(
+            f"the previous range's checkpoint manifest {manifest} is missing: the previous node "
+            "did not publish it (check its POST script log) or it was not transferred in"
+        )
+    ckpt.verify(path)
+    return path
+
+
+# --------------------------------------------------------------------------- local chain
+
+
+def run_local_chain(
+    campaign_file: str,
+    workdir: str | os.PathLike,
+    *,
+    retries: int = 2,
+    backoff_s: float = 5.0,
+    node_command: list[str] | None = None,
+) -> int:
+    """Run every node of a campaign in order on this machine (what DAGMan does on the grid).
+
+    Each node runs as a subprocess (``node_command`` + its arguments; default
+    ``python -m muongen chain --node``), is retried with exponential back-off and jitter,
+    and is recorded in ``<workdir>/chain-progress.json``; a re-run skips finished ranges.
+    """
+    from submit.campaign import load_campaign
+    from submit.dag import node_arguments, plan_nodes
+
+    try:
+        campaign = load_campaign(campaign_file)
+    except Exception as exc:  # submit/ cannot import muongen, so it raises its own type
+        raise CampaignError(str(exc)) from None
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    progress_path = workdir / PROGRESS_FILE
+    progress = json.loads(progress_path.read_text()) if progress_path.exists() else {}
+    command = node_command or [sys.executable, "-m", "muongen", "chain", "--node"]
+    nodes = plan_nodes(campaign)
+    for i, node in enumerate(nodes, 1):
+        name = node.range_name
+        if progress.get(name, {}).get("status") == "done":
+            log.info(
+                "[%d/%d] %s already done (step %s)", i, len(nodes), name, progress[name].get("step")
+            )
+            continue
+        scratch = workdir / name
+        scratch.mkdir(parents=True, exist_ok=True)
+        argv = [*command, *node_arguments(campaign, node)]
+        entry = progress.setdefault(name, {"attempts": 0})
+        while True:
+            entry["attempts"] += 1
+            entry["status"] = "running"
+            _write_json(progress_path, progress)
+            log.info(
+                "[%d/%d] %s attempt %d: %s",
+                i,
+                len(nodes),
+                name,
+                entry["attempts"],
+                shlex.join(argv),
+            )
+            env = {**os.environ, "_CONDOR_SCRATCH_DIR": str(scratch)}
+            code = subprocess.call(argv, cwd=scratch, env=env)
+            if code == EXIT_RESTART_ME:
+                entry["attempts"] -= 1  # a self-checkpoint restart is not a failure
+                log.info("%s checkpointed and asked to be restarted (exit 85)", name)
+                continue
+            if code == 0:
+                manifest = scratch / f"{name}.json"
+                meta = json.loads(manifest.read_text())
+                entry.update(status="done", step=meta["step"], sha256=meta["sha256"], exit_code=0)
+                _write_json(progress_path, progress)
+                break
+            entry.update(status="failed", exit_code=code)
+            _write_json(progress_path, progress)
+            if entry["attempts"] > retries:
+                raise MuongenError(
+                    f"range {name} failed {entry['attempts']} times (last exit code {code}); "
+                    f"see {scratch}. Fix the cause and re-run the same command: finished ranges "
+                    f"are skipped ({progress_path})"
+                )
+            delay = backoff_s * 2 ** (entry["attempts"] - 1) * (1 + 0.25 * random.random())
+            log.warning("%s failed with exit code %d; retrying in %.1f s", name, code, delay)
+            time.sleep(delay)
+    log.info("chain complete: %d ranges; progress in %s", len(nodes), progress_path)
+    return 0
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("campaign_file", nargs="?", help="campaign YAML (with --local)")
+    parser.add_argument("--local", action="store_true", help="run every range here, in order")
+    parser.add_argument("--workdir", default="chain", help="where the local chain runs [chain]")
+    parser.add_argument("--retries", type=int, default=2, help="retries per range [2]")
+    parser.add_argument(
+        "--backoff", type=float, default=5.0, help="first retry delay, doubling [5 s]"
+    )
+    parser.add_argument(
+        "--node-command", default=None, help="command that runs a node (default: this muongen)"
+    )
+    node = parser.add_argument_group("one node (what jobs/node.sh runs)")
+    node.add_argument("--node", action="store_true", help="run one node")
+    node.add_argument("--campaign-name", default="")
+    node.add_argument("--range", dest="range_name")
+    node.add_argument(
+        "--data", "--data-glob", dest="data", help="the range's input files (glob/URL)"
+    )
+    node.add_argument(
+        "--prev-manifest", default="", help="previous range's manifest (path/URL; empty: first)"
+    )
+    node.add_argument("--ckpt-dest", default="", help="where to publish <range>.pt/.json")
+    node.add_argument("--tb-dest", default="", help="where to sync TensorBoard events")
+    node.add_argument("--preset", default="production-a100")
+    node.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    node.add_argument(
+        "--self-checkpoint-s", type=float, default=0.0, help="exit 85 after N s (0: off)"
+    )
+    node.add_argument("--scratch", default="", help="scratch dir [$_CONDOR_SCRATCH_DIR or cwd]")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.node:
+        if not args.range_name or not args.data:
+            raise CampaignError("--node needs --range and --data")
+        try:
+            return _run_node_from_args(args)
+        except StorageError as exc:
+            # Transient on the grid (an origin down, a cache hiccup): ask to be held and
+            # released later rather than burning one of DAGMan's retries.
+            print(f"muongen chain: storage error: {exc}", file=sys.stderr)
+            return EXIT_TRANSIENT
+    if not args.local or not args.campaign_file:
+        raise CampaignError(
+            "give a campaign file and --local to run the chain here, or --node to run one node; "
+            "to submit to HTCondor use `python -m submit submit CAMPAIGN`"
+        )
+    command = shlex.split(args.node_command) if args.node_command else None
+    return run_local_chain(
+        args.campaign_file,
+        args.workdir,
+        retries=args.retries,
+        backoff_s=args.backoff,
+        node_command=command,
+    )
+
+
+def _run_node_from_args(args: argparse.Namespace) -> int:
+    return run_node(
+        NodeSpec(
+            range_name=args.range_name,
+            data=args.data,
+            preset=args.preset,
+            overrides=args.overrides,
+            prev_manifest=args.prev_manifest,
+            ckpt_dest=args.ckpt_dest,
+            tb_dest=args.tb_dest,
+            self_checkpoint_s=args.self_checkpoint_s,
+            scratch=args.scratch,
+            campaign=args.campaign_name,
+        )
+    )

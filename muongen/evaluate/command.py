@@ -1,0 +1,223 @@
+"""`muongen evaluate`: how close is a generator to the simulation it replaces?
+
+    muongen evaluate --checkpoint CKPT --data HELD_OUT... --out DIR [--events 100000]
+                     [--device auto] [--n-boot 20] [--n-splits 1] [--seed 0]
+                     [--bins log10_energy=5,6,7,8 ...] [--min-bin-events 50]
+                     [--ratio-target 3] [--batch 4096]
+
+Reads held-out events, generates bundles for their primaries, and compares them with
+the held-out muons (metrics.py) against the statistical floor (floors.py) and the
+condition-ignoring baseline (baseline.py). Writes ``DIR/metrics.json`` (every value),
+``DIR/report.md`` (tables) and PNG plots, and prints the summary table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+
+from muongen import __version__
+from muongen.data.batch import RaggedBatch
+from muongen.errors import ConfigError
+from muongen.evaluate import plots, report
+from muongen.evaluate.baseline import baseline_for
+from muongen.evaluate.features import CONDITION_VARIABLES, EventSample, shower_groups
+from muongen.evaluate.floors import BIN_VARIABLES, compare
+from muongen.evaluate.metrics import default_edges, parse_edges
+from muongen.evaluate.sample import read_inputs, resolve_device, timed_generate
+
+HELP = "compare a checkpoint's bundles with held-out simulation: metrics.json, report.md, plots"
+log = logging.getLogger(__name__)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checkpoint", required=True, help="checkpoint .pt or its .json manifest")
+    parser.add_argument(
+        "--data",
+        required=True,
+        nargs="+",
+        metavar="HELD_OUT",
+        help="held-out files, folders, globs",
+    )
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument(
+        "--events", type=int, default=100000, help="held-out events used (default 100000)"
+    )
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps")
+    parser.add_argument("--batch", type=int, default=4096, help="events per generator call")
+    parser.add_argument("--n-boot", type=int, default=20, help="bootstrap replicas (0: no errors)")
+    parser.add_argument(
+        "--n-splits", type=int, default=1, help="random half splits averaged over (steadier ratios)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seeds generation, splits, bootstrap")
+    parser.add_argument(
+        "--bins",
+        action="append",
+        default=[],
+        metavar="VAR=EDGES",
+        help=(
+            "bin edges of a condition variable, e.g. log10_energy=5,6,7,8 (repeatable; variables: "
+            f"{', '.join(BIN_VARIABLES)}; default: 4 equally populated bins each)"
+        ),
+    )
+    parser.add_argument(
+        "--min-bin-events", type=int, default=50, help="bins with fewer events per half are sparse"
+    )
+    parser.add_argument(
+        "--no-shower-groups",
+        action="store_true",
+        help="split and bootstrap single rows, not whole showers (for files of independent rows)",
+    )
+    parser.add_argument(
+        "--ratio-target", type=float, default=3.0, help="a metric passes within this x its floor"
+    )
+
+
+def parse_bins(items: list[str], real: EventSample, n_bins: int = 4) -> dict[str, np.ndarray]:
+    """``VAR=e1,e2,...`` items -> edges; variables not given get ``n_bins`` quantile bins."""
+    bins = {var: default_edges(real.condition(var), n_bins) for var in BIN_VARIABLES}
+    for item in items:
+        var, sep, text = item.partition("=")
+        var = var.strip()
+        if not sep or var not in CONDITION_VARIABLES:
+            raise ConfigError(
+                f"--bins {item!r}: expected VAR=e1,e2,... with VAR one of "
+                f"{', '.join(CONDITION_VARIABLES)}"
+            )
+        try:
+            bins[var] = parse_edges(text)
+        except ValueError as exc:
+            raise ConfigError(f"--bins {item!r}: {exc}") from None
+    return bins
+
+
+def evaluate_generator(
+    generator: torch.nn.Module,
+    real_batch: RaggedBatch,
+    *,
+    device: torch.device | str | None = None,
+    batch_events: int = 4096,
+    seed: int = 0,
+    n_boot: int = 20,
+    n_splits: int = 1,
+    bins: dict[str, np.ndarray] | list[str] | None = None,
+    min_events: int = 50,
+    ratio_target: float = 3.0,
+    group_showers: bool = True,
+) -> tuple[dict[str, Any], dict[str, EventSample]]:
+    """Generate for ``real_batch``'s primaries and compare (see floors.compare).
+
+    With ``group_showers`` the rows of one shower (consecutive events with the same primary,
+    one per depth) stay together in the half split and the bootstrap.
+
+    Returns:
+        (result dict with "throughput" added, {"real", "model", "baseline"} samples for plots;
+        this baseline is pooled from all held-out events, the one in the metrics from half B)
+    """
+    real = EventSample.from_batch(real_batch)
+    if group_showers:
+        real = real.with_groups(shower_groups(real.conditions))
+    if real.n_events < 4:
+        raise ConfigError(f"evaluation needs at least 4 held-out events, got {real.n_events}")
+    if bins is None or isinstance(bins, list):
+        bins = parse_bins(bins or [], real)
+    fake_batch, speed = timed_generate(
+        generator, real_batch.conditions, device=device, batch_events=batch_events, seed=seed
+    )
+    # identical primaries (float32 both ways), so the samples align event by event
+    model = EventSample.from_arrays(
+        real.conditions, fake_batch.muons.numpy(), fake_batch.counts.numpy()
+    )
+    result = compare(
+        real,
+        {"model": model},
+        bins=bins,
+        n_boot=n_boot,
+        n_splits=n_splits,
+        min_events=min_events,
+        seed=seed,
+        ratio_target=ratio_target,
+    )
+    result["throughput"] = speed.as_dict()
+    base = baseline_for(real, real.conditions, np.random.default_rng(seed + 1))
+    return result, {"real": real, "model": model, "baseline": base}
+
+
+def make_figures(samples: dict[str, EventSample], result: dict[str, Any]) -> dict[str, Figure]:
+    """The evaluation plots, name -> Figure."""
+    real = samples["real"]
+    others = {k: v for k, v in samples.items() if k != "real"}
+    return {
+        "features": plots.feature_histograms(real, others),
+        "multiplicity_vs_energy": plots.multiplicity_vs_energy(real, others),
+        "by_depth": plots.by_depth(real, {"model": samples["model"]}),
+        "binned_ratios": plots.binned_ratios(result),
+    }
+
+
+def write_outputs(
+    out_dir: str | Path, result: dict[str, Any], figures: dict[str, Figure]
+) -> dict[str, Path]:
+    """metrics.json, the PNGs and report.md in ``out_dir``; returns their paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pngs = plots.save_figures(figures, out_dir)
+    return {
+        "metrics": report.write_metrics_json(out_dir / "metrics.json", result),
+        "report": report.write_report(out_dir / "report.md", result, pngs),
+        **{p.stem: p for p in pngs},
+    }
+
+
+def _checkpoint_meta(path: str) -> dict[str, Any]:
+    from muongen.train.checkpoint import manifest_for, read_manifest
+
+    meta = read_manifest(manifest_for(path))
+    return {"checkpoint": str(path), "step": meta.get("step"), "range": meta.get("range")}
+
+
+def run(args: argparse.Namespace) -> int:
+    from muongen.train.checkpoint import load_for_inference
+
+    if args.events is not None and args.events < 4:
+        raise ConfigError("--events must be >= 4")
+    if args.n_boot < 0 or args.n_splits < 1 or args.batch < 1:
+        raise ConfigError("--n-boot must be >= 0, --n-splits >= 1, --batch >= 1")
+    device = resolve_device(args.device)
+    generator, _ = load_for_inference(args.checkpoint, device)
+    real = read_inputs(args.data, args.events)
+    log.info("evaluating on %d held-out events (%d muons)", real.n_events, real.n_muons)
+    result, samples = evaluate_generator(
+        generator,
+        real,
+        device=device,
+        batch_events=args.batch,
+        seed=args.seed,
+        n_boot=args.n_boot,
+        n_splits=args.n_splits,
+        bins=args.bins,
+        min_events=args.min_bin_events,
+        ratio_target=args.ratio_target,
+        group_showers=not args.no_shower_groups,
+    )
+    result["meta"] = {
+        **_checkpoint_meta(args.checkpoint),
+        "data": list(args.data),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "muongen_version": __version__,
+        "device": str(device),
+        "seed": args.seed,
+    }
+    paths = write_outputs(args.out, result, make_figures(samples, result))
+    print(report.summary_table(result))
+    print()
+    print(report.headline(result))
+    print(f"wrote {paths['metrics']}, {paths['report']} and {len(paths) - 2} plots in {args.out}")
+    return 0

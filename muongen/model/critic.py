@@ -1,0 +1,77 @@
+"""The critic: a set function over one event's muons and its condition -> a score.
+
+Per-muon network over [muon, condition of its event] (-64-128, LayerNorm, LeakyReLU),
+pooled per event with ``scatter_reduce`` (amax or mean; a symmetric function, so the
+score does not depend on the muons' order), then an event head over [pooled, condition].
+
+An event without muons has nothing to pool: it gets ``empty_fill``, a learned vector of
+the pooled width (initialised to zero). Nothing like -1e9 ever reaches the head.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from muongen import schema
+from muongen.config import ModelConfig
+from muongen.model.layers import leaky_relu, mlp
+
+
+def event_index_of(counts: torch.Tensor, n_muons: int) -> torch.Tensor:
+    """(N,) int64: the event each muon belongs to, from counts (B,); no host sync."""
+    events = torch.arange(counts.shape[0], device=counts.device)
+    return torch.repeat_interleave(events, counts, output_size=n_muons)
+
+
+class Critic(nn.Module):
+    """Wasserstein critic of ragged muon sets (features)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_features = schema.muon_feature_dim(cfg.representation)
+        self.pooling = cfg.pooling
+        nc = schema.N_CONDITION
+        width = cfg.critic_muon_hidden[-1]
+        self.muon_net = mlp(
+            self.n_features + nc,
+            cfg.critic_muon_hidden,
+            None,
+            activation=leaky_relu,
+            layer_norm=True,
+        )
+        self.empty_fill = nn.Parameter(torch.zeros(width))
+        # no output bias: a constant offset cancels in every WGAN loss and in the GP
+        self.head = mlp(
+            width + nc, cfg.critic_head_hidden, 1, activation=leaky_relu, out_bias=False
+        )
+
+    def forward(
+        self,
+        muons: torch.Tensor,
+        cond: torch.Tensor,
+        counts: torch.Tensor,
+        event_index: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Score each event.
+
+        Args:
+            muons: (N, F) muon features, event after event (any order within an event).
+            cond: (B, 4) condition features.
+            counts: (B,) int64 muons per event, sum = N.
+            event_index: (N,) event of each muon when the caller has it; muons need then
+                not be grouped by event.
+
+        Returns:
+            (B,) scores.
+        """
+        b, n = cond.shape[0], muons.shape[0]
+        if event_index is None:
+            event_index = event_index_of(counts, n)
+        h = self.muon_net(torch.cat([muons, cond[event_index]], dim=-1))  # (N, H)
+        index = event_index.unsqueeze(-1).expand_as(h)
+        pooled = h.new_zeros(b, h.shape[1]).scatter_reduce(
+            0, index, h, reduce=self.pooling, include_self=False
+        )  # (B, H); rows of empty events keep the zeros and are replaced below
+        pooled = torch.where((counts > 0).unsqueeze(-1), pooled, self.empty_fill.to(pooled.dtype))
+        return self.head(torch.cat([pooled, cond.to(pooled.dtype)], dim=-1)).squeeze(-1)

@@ -1,0 +1,200 @@
+"""Gradient penalty (WGAN-GP) on ragged muon sets.
+
+Pairing. Event i has r_i real and f_i fake muons; it contributes k_i = min(r_i, f_i)
+pairs: its j-th real muon with its j-th fake muon, j < k_i (order as stored; with
+``permute=True`` the real muons are shuffled within each event first). Fake muons are
+exchangeable (i.i.d. per-muon noise), so taking the first ones is already a random pick
+on the fake side; on the real side it matters only when r_i > f_i, and in training with
+the real counts (``train.fake_counts = "real"``) r_i = f_i and every real muon is used.
+
+Interpolation. One alpha ~ U(0, 1) per event, x_j = alpha_i real_j + (1 - alpha_i) fake_j;
+the event keeps its condition (the same for the real and the fake event), so the critic
+scores the set of the event's interpolated muons under its own condition.
+
+Norm. ``norm="muon"`` (default, the original trainer's): g_j = dD_i / dx_j, the gradient
+of the event's score with respect to one interpolated muon's F features, and the penalty
+is mean_j (||g_j||_2 - 1)^2 over all paired muons. ``norm="event"``: G_i = the gradient
+with respect to all of event i's interpolated muons at once, ||G_i||_2 = sqrt(sum_j
+||g_j||^2), and the penalty is mean_i (||G_i|| - 1)^2 over events with pairs. The event
+norm is the Lipschitz constraint of the set function in its joint input space; the muon
+norm weights busy events by their muon count and, with amax pooling, also pulls muons
+that are the maximum of no channel (zero gradient) towards 1. Both use
+sqrt(||g||^2 + 1e-12) so a zero gradient has a finite derivative.
+
+Controls: ``max_pairs`` (a uniform random subset of the valid pairs, 0: all),
+``fraction`` (each event takes part with this probability). All of it is index arithmetic
+on the device (repeat_interleave, cumsum, topk, index_add); the tensor shapes depend only
+on the number of real muons and on max_pairs, which the host knows, so nothing is read
+back from the device. Rows that are not valid pairs (or not drawn) are parked in one
+extra dummy event whose score is left out of the gradient and whose rows are masked out
+of the mean; the critic gets each row's event index, so rows need no grouping.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import nn
+
+_EPS = 1e-12
+
+Norm = Literal["muon", "event"]
+
+
+def gradient_penalty(
+    critic: nn.Module,
+    cond: torch.Tensor,
+    real_muons: torch.Tensor,
+    real_counts: torch.Tensor,
+    fake_muons: torch.Tensor,
+    fake_counts: torch.Tensor,
+    *,
+    max_pairs: int = 0,
+    fraction: float = 1.0,
+    norm: Norm = "muon",
+    alpha: torch.Tensor | None = None,
+    permute: bool = False,
+) -> torch.Tensor:
+    """The (unweighted) gradient penalty of ``critic`` between real and fake events.
+
+    Args:
+        critic: called as ``critic(muons, cond, counts, event_index)`` -> (B,) scores.
+        cond: (B, 4) condition features.
+        real_muons: (N_r, F) real muons, event after event; real_counts: (B,) int64.
+        fake_muons: (N_f, F) fake muons, event after event; fake_counts: (B,) int64.
+        max_pairs: use at most this many pairs, drawn uniformly (0: all).
+        fraction: probability that an event contributes its pairs.
+        norm: ``"muon"`` or ``"event"`` (see the module docstring).
+        alpha: (B,) interpolation weights; drawn U(0, 1) when None (tests pass them).
+        permute: shuffle the real muons within each event before pairing.
+
+    Returns:
+        0-d float32 tensor, differentiable with respect to the critic's parameters;
+        0 when no event has a pair.
+    """
+    b, n = cond.shape[0], real_muons.shape[0]
+    device = cond.device
+    if b == 0 or n == 0 or fake_muons.shape[0] == 0:
+        return torch.zeros((), device=device)
+    events = torch.arange(b, device=device)
+    ev = torch.repeat_interleave(events, real_counts, output_size=n)  # (N,) event of slot
+    start_real = torch.cumsum(real_counts, 0) - real_counts  # (B,)
+    start_fake = torch.cumsum(fake_counts, 0) - fake_counts  # (B,)
+    slot = torch.arange(n, device=device)
+    rank = slot - start_real[ev]  # (N,) rank of the slot within its event
+    if permute:
+        # a random order within each event: sort by (event, uniform); float64 keeps the
+        # event part exact next to the random part for up to 2^29 events
+        key = ev.double() + torch.rand(n, device=device, dtype=torch.float64)
+        real_row = torch.argsort(key)  # real row at each slot
+    else:
+        real_row = slot
+    k = torch.minimum(real_counts, fake_counts)  # (B,)
+    valid = rank < k[ev]  # (N,) slot holds a pair
+    if fraction < 1.0:
+        valid &= (torch.rand(b, device=device) < fraction)[ev]
+
+    if 0 < max_pairs < n:
+        # a uniform subset of the valid slots, of fixed size: the smallest random keys,
+        # invalid slots keyed last (drawn only when fewer than max_pairs are valid)
+        key = torch.where(valid, torch.rand(n, device=device), 2.0)
+        cand = torch.topk(key, max_pairs, largest=False, sorted=False).indices
+    else:
+        cand = slot
+    v = valid[cand]  # (M,)
+    # rows go to the critic with their event index, so they need not be grouped by event
+    e = torch.where(v, ev[cand], b)  # (M,) interpolated event, b = the dummy event
+    e_safe = torch.where(v, e, 0)
+    fake_row = torch.where(v, start_fake[e_safe] + rank[cand], 0)
+    if alpha is None:
+        alpha = torch.rand(b, device=device)
+    a = alpha.to(real_muons.dtype)[e_safe].unsqueeze(-1)  # (M, 1)
+    x = a * real_muons[real_row[cand]] + (1.0 - a) * fake_muons[fake_row]
+    x = x.detach().requires_grad_(True)  # (M, F)
+
+    counts_x = torch.zeros(b + 1, dtype=torch.int64, device=device).index_add_(
+        0, e, torch.ones_like(e)
+    )
+    cond_x = torch.cat([cond, cond.new_zeros(1, cond.shape[1])])  # dummy event's condition
+    scores = critic(x, cond_x, counts_x, e)  # (B + 1,)
+    (grad,) = torch.autograd.grad(scores[:b].float().sum(), x, create_graph=True)  # (M, F)
+    sq = grad.float().pow(2).sum(-1)  # (M,) ||g_j||^2
+    vf = v.float()
+    if norm == "muon":
+        per_muon = (torch.sqrt(sq + _EPS) - 1.0).pow(2)
+        return (per_muon * vf).sum() / vf.sum().clamp(min=1.0)
+    if norm != "event":
+        raise ValueError(f"unknown gradient-penalty norm {norm!r}; use 'muon' or 'event'")
+    sq_event = torch.zeros(b + 1, device=device).index_add_(0, e, sq * vf)[:b]  # (B,)
+    has = (counts_x[:b] > 0).float()
+    per_event = (torch.sqrt(sq_event + _EPS) - 1.0).pow(2)
+    return (per_event * has).sum() / has.sum().clamp(min=1.0)
+
+
+def reference_gradient_penalty(
+    critic: nn.Module,
+    cond: torch.Tensor,
+    real_muons: torch.Tensor,
+    real_counts: torch.Tensor,
+    fake_muons: torch.Tensor,
+    fake_counts: torch.Tensor,
+    *,
+    max_pairs: int = 0,
+    fraction: float = 1.0,
+    norm: Norm = "muon",
+    alpha: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The same penalty, written straightforwardly with a Python loop over events.
+
+    For tests (it must equal :func:`gradient_penalty` for the same alpha with all pairs
+    used) and for the benchmark ratio. It pairs event by event (reading counts on the
+    host), subsamples pairs with a randperm, and scores the interpolated events in one
+    critic call, as the original trainer did.
+    """
+    b = cond.shape[0]
+    device = cond.device
+    rc, fc = real_counts.tolist(), fake_counts.tolist()
+    if alpha is None:
+        alpha = torch.rand(b, device=device)
+    keep = (torch.rand(b, device=device) < fraction).tolist() if fraction < 1.0 else [True] * b
+    pieces, events, ks = [], [], []
+    r0 = f0 = 0
+    for i in range(b):
+        k = min(rc[i], fc[i])
+        if keep[i] and k > 0:
+            a = alpha[i].to(real_muons.dtype)
+            pieces.append(a * real_muons[r0 : r0 + k] + (1.0 - a) * fake_muons[f0 : f0 + k])
+            events.append(i)
+            ks.append(k)
+        r0 += rc[i]
+        f0 += fc[i]
+    if not pieces:
+        return torch.zeros((), device=device)
+    x = torch.cat(pieces)
+    total = x.shape[0]
+    if 0 < max_pairs < total:
+        chosen = torch.zeros(total, dtype=torch.bool, device=device)
+        chosen[torch.randperm(total, device=device)[:max_pairs]] = True
+        x = x[chosen]
+        per_event = []
+        start = 0
+        for k in ks:
+            per_event.append(int(chosen[start : start + k].sum()))
+            start += k
+        events = [ev for ev, k in zip(events, per_event) if k > 0]
+        ks = [k for k in per_event if k > 0]
+    x = x.detach().requires_grad_(True)
+    counts = torch.tensor(ks, dtype=torch.int64, device=device)
+    scores = critic(x, cond[events], counts)
+    (grad,) = torch.autograd.grad(scores.sum(), x, create_graph=True)
+    if norm == "muon":
+        norms = torch.sqrt(grad.float().pow(2).sum(-1) + _EPS)
+        return (norms - 1.0).pow(2).mean()
+    terms = []
+    start = 0
+    for k in ks:
+        g = grad[start : start + k].float()
+        terms.append((torch.sqrt(g.pow(2).sum() + _EPS) - 1.0).pow(2))
+        start += k
+    return torch.stack(terms).mean()

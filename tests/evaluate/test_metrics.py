@@ -1,0 +1,113 @@
+"""Metrics against known answers (JetNet style): W1, Frechet, binning."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from muongen.evaluate.features import EventSample
+from muongen.evaluate.metrics import (
+    METRICS,
+    bin_index,
+    compute_metrics,
+    default_edges,
+    frechet_distance,
+    gaussian_frechet,
+    parse_edges,
+    wasserstein_1d,
+)
+
+
+def test_w1_of_shifted_gaussians_is_the_shift():
+    rng = np.random.default_rng(0)
+    a = rng.normal(0.0, 1.0, 20000)
+    b = rng.normal(0.5, 1.0, 20000)
+    assert wasserstein_1d(a, b) == pytest.approx(0.5, abs=0.04)
+
+
+def test_w1_of_identical_samples_is_zero_and_empty_is_nan():
+    x = np.random.default_rng(1).normal(size=1000)
+    assert wasserstein_1d(x, x.copy()) == 0.0
+    assert wasserstein_1d(x, np.array([np.nan, *x])) == 0.0  # NaNs are dropped
+    assert math.isnan(wasserstein_1d(x, np.array([])))
+
+
+def test_gaussian_frechet_known_values():
+    # 1-D: (m1 - m2)^2 + (s1 - s2)^2
+    assert gaussian_frechet([0.0], [[1.0]], [2.0], [[4.0]]) == pytest.approx(4.0 + 1.0)
+    # same covariance: only the mean difference counts
+    cov = np.array([[2.0, 0.5], [0.5, 1.0]])
+    assert gaussian_frechet([0, 0], cov, [1, 2], cov) == pytest.approx(5.0)
+    # diagonal: sum over dimensions of the 1-D formula
+    assert gaussian_frechet(
+        [0, 0], np.diag([1.0, 9.0]), [0, 0], np.diag([4.0, 1.0])
+    ) == pytest.approx(1.0 + 4.0)
+
+
+def test_frechet_on_samples_approaches_the_analytic_value():
+    rng = np.random.default_rng(2)
+    x = rng.normal(0.0, 1.0, (40000, 3))
+    y = rng.normal(0.0, 1.0, (40000, 3)) * np.array([1.0, 2.0, 1.0]) + np.array([1.0, 0.0, 0.0])
+    # mean shift 1 in dim 0 -> 1; std 1 vs 2 in dim 1 -> 1
+    assert frechet_distance(x, y) == pytest.approx(2.0, abs=0.1)
+    assert frechet_distance(x, x) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_frechet_survives_singular_covariances_and_tiny_samples():
+    x = np.column_stack(
+        [np.random.default_rng(3).normal(size=500), np.ones(500)]
+    )  # constant column
+    value = frechet_distance(x, x + np.array([0.0, 1.0]))
+    assert np.isfinite(value) and value == pytest.approx(1.0, abs=1e-3)
+    assert math.isnan(frechet_distance(x[:1], x))
+
+
+def test_compute_metrics_sees_an_energy_shift_and_nothing_else(toy):
+    real = toy(4000, seed=0)
+    same = EventSample.from_arrays(real.conditions, real.physical_muons(), real.counts)
+    zero = compute_metrics(real, same)
+    assert set(zero) == set(METRICS)
+    assert all(v == pytest.approx(0.0, abs=1e-6) for v in zero.values())
+    shifted_muons = real.physical_muons() * np.array([10.0**0.3, 1.0, 1.0])
+    shifted = compute_metrics(
+        real, EventSample.from_arrays(real.conditions, shifted_muons, real.counts)
+    )
+    assert shifted["muon_log10_energy"] == pytest.approx(0.3, abs=1e-4)
+    assert shifted["event_log10_leading_energy"] == pytest.approx(0.3, abs=1e-4)
+    assert shifted["multiplicity"] == 0.0 and shifted["muon_radius"] < 1e-6
+    assert shifted["frechet_event"] > 0.05
+
+
+def test_compute_metrics_rejects_unknown_names(toy):
+    s = toy(50)
+    with pytest.raises(ValueError, match="unknown metric"):
+        compute_metrics(s, s, names=("nope",))
+
+
+def test_bin_index_puts_values_in_the_right_bins():
+    edges = np.array([0.0, 1.0, 2.0, 4.0])
+    values = np.array([-0.1, 0.0, 0.5, 1.0, 1.99, 2.0, 4.0, 4.1, np.nan])
+    assert bin_index(values, edges).tolist() == [-1, 0, 0, 1, 1, 2, 2, -1, -1]
+    with pytest.raises(ValueError, match="increasing"):
+        bin_index(values, np.array([1.0, 1.0]))
+
+
+def test_default_edges_are_equally_populated_and_enclose_everything():
+    x = np.random.default_rng(4).uniform(5, 8, 10000)
+    edges = default_edges(x, 4)
+    assert len(edges) == 5 and edges[0] <= x.min() and edges[-1] >= x.max()
+    counts = np.bincount(bin_index(x, edges))
+    assert counts.min() > 0.2 * len(x) and (bin_index(x, edges) >= 0).all()
+    # discrete values (two depths): merged quantiles give fewer, still valid bins
+    d = np.repeat([1500.0, 2500.0], 50)
+    e = default_edges(d, 4)
+    assert np.all(np.diff(e) > 0) and (bin_index(d, e) >= 0).all()
+
+
+def test_parse_edges():
+    assert parse_edges("5, 6,7.5").tolist() == [5.0, 6.0, 7.5]
+    for bad in ("5", "6,5", "a,b"):
+        with pytest.raises(ValueError):
+            parse_edges(bad)

@@ -1,0 +1,42 @@
+"""The trainer's periodic validation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from matplotlib.figure import Figure
+
+from muongen.errors import ConfigError
+from muongen.evaluate.validation import KEY_METRICS, Validator
+
+
+def test_validator_scalars_and_figures(held_out, tiny_config, tiny_generator):
+    v = Validator([str(held_out)], tiny_config, "cpu")
+    assert all(v.floor[m] > 0 for m in KEY_METRICS)
+    tiny_generator.train()
+    state = torch.get_rng_state()
+    scalars, figures = v.run(tiny_generator, step=10)
+    assert torch.equal(torch.get_rng_state(), state) and tiny_generator.training
+    for m in KEY_METRICS:
+        assert scalars[f"{m}_ratio"] == pytest.approx(scalars[m] / v.floor[m])
+    assert scalars["max_ratio"] == max(scalars[f"{m}_ratio"] for m in KEY_METRICS)
+    assert scalars["multiplicity_ratio"] > 3  # the tiny model's constant 3 muons
+    assert set(figures) == {"features", "multiplicity_vs_energy"}
+    assert all(isinstance(f, Figure) for f in figures.values())
+    again, _ = v.run(tiny_generator, step=20)
+    assert again["muon_radius"] == scalars["muon_radius"]  # fixed noise seed
+    assert not math.isnan(again["frechet_event"])
+
+
+def test_validator_needs_events(tmp_path, tiny_config):
+    from muongen.data.batch import RaggedBatch
+    from muongen.data.writers import write_events
+
+    path = tmp_path / "two.parquet"
+    write_events(
+        path, RaggedBatch.from_numpy([[1e6, 0, 1, 1500]] * 2, [[10.0, 1, 1]], [1, 0]), "parquet-v1"
+    )
+    with pytest.raises(ConfigError, match="at least 4"):
+        Validator([str(path)], tiny_config, "cpu")

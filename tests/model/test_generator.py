@@ -1,0 +1,72 @@
+"""Generator: counts follow the multiplicity head, shapes, representations, the cap."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from muongen.model import build_models
+from muongen.model.generator import counts_from_log_mult
+
+from .conftest import small_model_config
+
+
+def _spread_head(generator, bias: float = 0.6, scale: float = 8.0) -> None:
+    """Make the head predict a spread of multiplicities instead of all near zero."""
+    last = generator.multiplicity[-1]
+    with torch.no_grad():
+        last.weight.mul_(scale)
+        last.bias.fill_(bias)
+
+
+def test_counts_equal_the_heads_rounding():
+    torch.manual_seed(0)
+    gen, _ = build_models(small_model_config())
+    _spread_head(gen)
+    cond = torch.randn(400, 4)
+    muons, counts, log_mult = gen(cond)
+    m = log_mult.detach().double().numpy()
+    expected = np.round(np.maximum(10.0**m - 1.0, 0.0)).astype(np.int64)
+    expected = np.minimum(expected, gen.max_muons)
+    assert len(np.unique(expected)) > 5, "the test needs varied multiplicities"
+    assert (expected == 0).any() and expected.max() < gen.max_muons
+    np.testing.assert_array_equal(counts.numpy(), expected)
+    assert muons.shape == (int(expected.sum()), 3)
+    assert counts.dtype == torch.int64
+
+
+def test_counts_are_capped_and_nan_gives_zero():
+    log_mult = torch.tensor([float("nan"), -3.0, 0.0, 1.0, 9.0])
+    np.testing.assert_array_equal(counts_from_log_mult(log_mult, 50).numpy(), [0, 0, 0, 9, 50])
+    gen, _ = build_models(small_model_config(max_generated_muons=7))
+    _spread_head(gen, bias=3.0)
+    _, counts, _ = gen(torch.randn(30, 4))
+    assert int(counts.max()) == 7
+
+
+def test_generate_with_counts_follows_the_given_counts():
+    torch.manual_seed(1)
+    gen, _ = build_models(small_model_config())
+    counts = torch.tensor([0, 3, 1, 0, 5])
+    out = gen.generate_with_counts(torch.randn(5, 4), counts, 9)
+    assert out.shape == (9, 3)
+    assert torch.isfinite(out).all()
+    # the same context is shared by an event's muons; the per-muon noise tells them apart
+    assert not torch.allclose(out[1], out[2])
+
+
+@pytest.mark.parametrize("representation, n_features", [("xy", 3), ("radial", 2)])
+def test_representations(representation, n_features):
+    torch.manual_seed(2)
+    gen, critic = build_models(small_model_config(representation=representation))
+    assert gen.representation == representation
+    assert gen.n_features == n_features == critic.n_features
+    with torch.no_grad():  # push the radial output negative before the softplus
+        gen.local_net[-1].bias.fill_(-5.0)
+    out = gen.generate_with_counts(torch.randn(8, 4), torch.full((8,), 4), 32)
+    assert out.shape == (32, n_features)
+    if representation == "radial":
+        assert (out[:, 1] >= 0).all()
+    else:
+        assert (out[:, 1:] < 0).any()

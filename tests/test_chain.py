@@ -1,0 +1,156 @@
+"""The chain without HTCondor: nodes over three ranges through a file:// store, retries
+after an injected failure, and a node restarted after an eviction (SIGTERM)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from muongen.train import checkpoint as ckpt
+
+pytestmark = pytest.mark.integration
+
+RANGES = ["0000000-0000999", "0001000-0001999", "0002000-0002999"]
+FILES_PER_RANGE = 2
+EVENTS_PER_FILE = 150
+BATCH = 32
+TINY = [
+    f"data.batch_events={BATCH}",
+    "data.shuffle_buffer_events=128",
+    "data.max_muons_per_event=1000000",
+    "model.z_global=8",
+    "model.z_local=4",
+    "model.context=32",
+    "model.mult_hidden=[16]",
+    "model.local_hidden=[16]",
+    "model.critic_muon_hidden=[16]",
+    "model.critic_head_hidden=[16]",
+    "optim.n_critic=1",
+    "optim.gp_max_pairs=64",
+    "train.device=cpu",
+    "train.log_every=5",
+    "checkpoint.every_steps=3",
+    "checkpoint.every_minutes=0",
+    "logging.hist_every=0",
+    "logging.gpu_monitor=false",
+    "logging.progress=plain",
+    "logging.audit_events=true",
+]
+
+
+@pytest.fixture(scope="module")
+def range_data(tmp_path_factory) -> Path:
+    """Three range folders of synthetic Parquet files, as production lays them out."""
+    from muongen.data.synth import write_synthetic
+
+    base = tmp_path_factory.mktemp("store") / "data"
+    for i, name in enumerate(RANGES):
+        write_synthetic(base / name, files=FILES_PER_RANGE, events_per_file=EVENTS_PER_FILE, seed=10 + i)
+    return base
+
+
+def write_campaign(tmp_path: Path, base: Path) -> Path:
+    campaign = {
+        "name": "test-chain",
+        "federation": "local",
+        "data": {"base": str(base), "glob": "*.parquet"},
+        "ranges": {"start": 0, "end": 2, "step": 1000},
+        "training": {"preset": "demo", "overrides": TINY, "self_checkpoint_s": 0},
+        "outputs": {
+            "checkpoints": f"file://{tmp_path / 'store' / 'ckpt'}",
+            "tensorboard": f"file://{tmp_path / 'store' / 'tb'}",
+        },
+        "dagman": {"retries": 2},
+    }
+    path = tmp_path / "campaign.yaml"
+    path.write_text(yaml.safe_dump(campaign))
+    return path
+
+
+@pytest.fixture
+def env():
+    """One thread per node process; the CPU is shared with the test runner."""
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+
+
+def test_local_chain_retries_and_hands_checkpoints_on(tmp_path, range_data, env):
+    campaign = write_campaign(tmp_path, range_data)
+    # A node command that fails the first attempt of range 2, as a flaky execute node would.
+    flaky = tmp_path / "flaky-node.sh"
+    marker = tmp_path / "failed-once"
+    flaky.write_text(
+        "#!/bin/sh\n"
+        f'case "$*" in *{RANGES[1]}*) if [ ! -e {marker} ]; then touch {marker}; exit 1; fi;; esac\n'
+        f'exec {sys.executable} -m muongen chain --node "$@"\n'
+    )
+    flaky.chmod(0o755)
+    work = tmp_path / "work"
+    done = subprocess.run(
+        [sys.executable, "-m", "muongen", "chain", str(campaign), "--local", "--workdir", str(work),
+         "--backoff", "0.1", "--node-command", str(flaky)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert marker.exists()
+    progress = json.loads((work / "chain-progress.json").read_text())
+    assert [progress[r]["status"] for r in RANGES] == ["done"] * 3
+    assert progress[RANGES[1]]["attempts"] == 2 and progress[RANGES[0]]["attempts"] == 1
+
+    store = tmp_path / "store" / "ckpt" / "test-chain"
+    steps = []
+    for r in RANGES:
+        pt, meta = ckpt.verify(store / f"{r}.json")  # published, sha256 intact
+        assert meta["range"] == r
+        summary = json.loads((work / r / f"run-{r}" / "summary.json").read_text())
+        steps.append(summary["steps_on_these_inputs"])
+        keys = np.fromfile(work / r / f"run-{r}" / "audit" / "rank0.i64", dtype="<i8")
+        assert len(keys) == len(np.unique(keys)) == FILES_PER_RANGE * EVENTS_PER_FILE
+        assert (work / r / "receipt.json").exists()
+        assert list((tmp_path / "store" / "tb" / "test-chain" / r).rglob("events.out.tfevents.*"))
+    final = ckpt.read_manifest(store / f"{RANGES[-1]}.json")
+    assert final["step"] == sum(steps) > 0
+    assert "resuming" not in done.stderr  # no node had to restart itself
+
+    again = subprocess.run(
+        [sys.executable, "-m", "muongen", "chain", str(campaign), "--local", "--workdir", str(work)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert again.returncode == 0 and "already done" in again.stderr
+
+
+def test_evicted_node_resumes_from_its_self_checkpoint(tmp_path, range_data, env):
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    node = [sys.executable, "-m", "muongen", "chain", "--node", "--range", RANGES[0],
+            "--data", f"file://{range_data / RANGES[0]}/*.parquet", "--preset", "demo",
+            "--scratch", str(scratch)]
+    node += [a for s in [*TINY, "checkpoint.every_steps=2"] for a in ("--set", s)]
+    ckpts = scratch / f"run-{RANGES[0]}" / "checkpoints"
+    proc = subprocess.Popen(node, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.monotonic()
+    while not ckpt.list_checkpoints(ckpts):
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() - t0 < 120
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # HTCondor evicting the job
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 85, err  # checkpointed: restart me
+    evicted_at = ckpt.read_manifest(ckpt.find_latest(ckpts))["step"]
+    assert not (scratch / f"{RANGES[0]}.json").exists()  # not published: unfinished
+
+    done = subprocess.run(node, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resuming from its own checkpoint" in done.stderr
+    final = ckpt.read_manifest(scratch / f"{RANGES[0]}.json")
+    assert final["step"] > evicted_at
+    keys = np.fromfile(scratch / f"run-{RANGES[0]}" / "audit" / "rank0.i64", dtype="<i8")
+    assert len(keys) == len(np.unique(keys)) == FILES_PER_RANGE * EVENTS_PER_FILE

@@ -1,0 +1,257 @@
+"""GanStep: outputs, determinism, skipped non-finite updates, state round trip, learning."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from scipy.stats import wasserstein_distance
+
+from muongen.config import ModelConfig, OptimConfig, TrainConfig
+from muongen.data.batch import RaggedBatch
+from muongen.model import build_models
+from muongen.train.step import GanStep, lr_factor
+
+KEYS = {"c_loss", "g_loss", "m_loss", "gp", "w_gap", "skipped"}
+
+
+def small_models(seed: int = 0, **changes):
+    torch.manual_seed(seed)
+    base = dict(
+        z_global=8,
+        z_local=4,
+        context=32,
+        mult_hidden=[16, 16],
+        local_hidden=[32, 16],
+        critic_muon_hidden=[16, 32],
+        critic_head_hidden=[32, 16],
+    )
+    base.update(changes)
+    return build_models(ModelConfig(**base))
+
+
+def toy_batch(b: int, gen: torch.Generator) -> RaggedBatch:
+    """A simple conditional toy in feature units: the condition's first feature sets the
+    mean multiplicity (Poisson 2..6) and the mean muon log-energy (-1.8..-0.2)."""
+    u = torch.rand(b, 4, generator=gen)
+    cond = torch.stack([u[:, 0] * 2 - 1, u[:, 1], u[:, 2] * 1.7, 1 + 1.8 * u[:, 3]], -1)
+    counts = torch.poisson(2.0 + 2.0 * (cond[:, 0] + 1), generator=gen).to(torch.int64)
+    n = int(counts.sum())
+    ev = torch.repeat_interleave(torch.arange(b), counts)
+    log_e = -1.0 + 0.8 * cond[ev, 0] + 0.3 * torch.randn(n, generator=gen)
+    xy = 0.2 * torch.randn(n, 2, generator=gen)
+    return RaggedBatch(cond, torch.cat([log_e[:, None], xy], -1), counts)
+
+
+def micro(seed: int = 0, b: int = 32, parts: int = 2) -> list[RaggedBatch]:
+    batch = toy_batch(b, torch.Generator().manual_seed(seed))
+    step = b // parts
+    return [batch.slice(i, min(b, i + step)) for i in range(0, b, step)]
+
+
+def params(module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in module.parameters()]
+
+
+def same(a, b) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_step_outputs_and_counters(optimizer):
+    gen, critic = small_models()
+    ocfg = OptimConfig(optimizer=optimizer, n_critic=3, gp_every=2, gp_max_pairs=16)
+    step = GanStep(gen, critic, ocfg, TrainConfig(), "cpu")
+    g0, c0 = params(gen), params(critic)
+    out = step(micro())
+    assert set(out) == KEYS
+    for k, v in out.items():
+        assert v.ndim == 0 and torch.isfinite(v), k
+    assert out["gp"] > 0 and out["m_loss"] > 0 and int(out["skipped"]) == 0
+    assert step.generator_step_count == 1 and step.critic_step_count == 3
+    assert not same(g0, params(gen)) and not same(c0, params(critic))
+    # gp is reported unweighted; c_loss includes lambda * gp on the updates that had it
+    off = GanStep(*small_models(), OptimConfig(gp_lambda=0.0, n_critic=1), TrainConfig(), "cpu")
+    assert off(micro())["gp"] == 0
+
+
+def test_same_seed_same_result():
+    def run():
+        gen, critic = small_models(seed=3)
+        step = GanStep(gen, critic, OptimConfig(n_critic=2, gp_every=1), TrainConfig(), "cpu")
+        torch.manual_seed(11)
+        outs = [step(micro(seed=i)) for i in range(3)]
+        return outs, params(gen) + params(critic)
+
+    (o1, p1), (o2, p2) = run(), run()
+    assert same(p1, p2)
+    for a, b in zip(o1, o2):
+        assert all(torch.equal(a[k], b[k]) for k in KEYS)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_non_finite_updates_are_skipped_and_counted(optimizer):
+    gen, critic = small_models()
+    step = GanStep(gen, critic, OptimConfig(optimizer=optimizer, n_critic=2), TrainConfig(), "cpu")
+    step(micro(seed=0))  # one good step so the optimizers have state
+    g0, c0 = params(gen), params(critic)
+    opt_c0 = copy.deepcopy(step.opt_c.state_dict())
+
+    # NaN real muons poison only the critic's loss: both critic updates are skipped,
+    # the generator update (which never sees real muons) is applied
+    bad = micro(seed=1)
+    bad[0].muons[0, 0] = float("nan")
+    out = step(bad)
+    assert int(out["skipped"]) == 2
+    assert same(c0, params(critic))
+    assert not same(g0, params(gen))
+    for s0, s1 in zip(opt_c0["state"].values(), step.opt_c.state_dict()["state"].values()):
+        assert all(torch.equal(s0[k], s1[k]) for k in s0)  # moments and step count kept
+    assert all(p.grad is None for p in critic.parameters())
+
+    # NaN conditions poison everything: all three updates skipped, nothing moves
+    g1 = params(gen)
+    bad = micro(seed=2)
+    bad[1].conditions[0, 0] = float("nan")
+    assert int(step(bad)["skipped"]) == 3
+    assert same(c0, params(critic)) and same(g1, params(gen))
+    assert step.skipped_updates == {"critic": 4, "generator": 1}
+
+    # and training carries on normally afterwards
+    out = step(micro(seed=3))
+    assert int(out["skipped"]) == 0 and not same(c0, params(critic))
+
+
+def test_predicted_fake_counts():
+    """With the head's counts, fake and real multiplicities differ; the GP pairs min()."""
+    gen, critic = small_models()
+    with torch.no_grad():
+        gen.multiplicity[-1].bias.fill_(0.6)  # about 3 muons per event, not all zero
+    step = GanStep(
+        gen,
+        critic,
+        OptimConfig(n_critic=2, gp_every=1),
+        TrainConfig(fake_counts="predicted"),
+        "cpu",
+    )
+    out = step(micro())
+    assert all(torch.isfinite(v) for v in out.values()) and out["gp"] > 0
+
+
+@pytest.mark.slow
+def test_compiled_generator_and_critic_match_the_contract():
+    gen, critic = small_models()
+    for lam in (10.0, 0.0):  # the critic is compiled only when the GP is off
+        ocfg = OptimConfig(n_critic=1, gp_lambda=lam)
+        step = GanStep(gen, critic, ocfg, TrainConfig(compile=True), "cpu")
+        for seed in (0, 1):
+            out = step(micro(seed=seed))
+            assert set(out) == KEYS and int(out["skipped"]) == 0
+
+
+def test_sync_grads_is_called_once_per_update():
+    calls = []
+    gen, critic = small_models()
+    with torch.no_grad():
+        gen.multiplicity[-1].bias.fill_(0.6)  # about 3 muons per event, not all zero
+    step = GanStep(
+        gen, critic, OptimConfig(n_critic=3), TrainConfig(), "cpu", sync_grads=calls.append
+    )
+    step(micro(parts=4))
+    assert calls == [critic, critic, critic, gen]
+
+
+def test_state_dict_round_trip():
+    gen, critic = small_models(seed=1)
+    ocfg = OptimConfig(n_critic=2, gp_every=3, schedule="cosine", warmup_steps=2)
+    tcfg = TrainConfig(max_steps=10)
+    step = GanStep(gen, critic, ocfg, tcfg, "cpu")
+    for i in range(3):
+        step(micro(seed=i))
+    sd = copy.deepcopy(step.state_dict())
+    weights = copy.deepcopy((gen.state_dict(), critic.state_dict()))
+
+    gen2, critic2 = small_models(seed=9)
+    gen2.load_state_dict(weights[0])
+    critic2.load_state_dict(weights[1])
+    step2 = GanStep(gen2, critic2, ocfg, tcfg, "cpu")
+    step2.load_state_dict(sd)
+    assert step2.generator_step_count == 3 and step2.critic_step_count == 6
+    assert step2.opt_g.param_groups[0]["lr"] == step.opt_g.param_groups[0]["lr"]
+
+    torch.manual_seed(5)
+    a = step(micro(seed=7))
+    torch.manual_seed(5)
+    b = step2(micro(seed=7))
+    assert all(torch.equal(a[k], b[k]) for k in KEYS)
+    assert same(params(gen), params(gen2)) and same(params(critic), params(critic2))
+
+    # hyperparameters come from the current config, the step from the checkpoint
+    ocfg3 = OptimConfig(n_critic=2, schedule="cosine", warmup_steps=2, lr_critic=1e-3)
+    step3 = GanStep(gen2, critic2, ocfg3, tcfg, "cpu")
+    step3.load_state_dict(step2.state_dict())
+    expected = 1e-3 * lr_factor(
+        4, schedule="cosine", warmup_steps=2, decay_steps=10, min_lr_ratio=0.1
+    )
+    assert math.isclose(step3.opt_c.param_groups[0]["lr"], expected)
+    assert step3.sched_c.get_last_lr() == [step3.opt_c.param_groups[0]["lr"]]
+
+
+def test_changed_optimizer_is_reset_with_a_warning(caplog):
+    gen, critic = small_models()
+    step = GanStep(gen, critic, OptimConfig(n_critic=1), TrainConfig(), "cpu")
+    step(micro())
+    sd = step.state_dict()
+    other = GanStep(gen, critic, OptimConfig(optimizer="sgd", n_critic=1), TrainConfig(), "cpu")
+    with caplog.at_level("WARNING"):
+        other.load_state_dict(sd)
+    assert "reset" in caplog.text
+    assert other.generator_step_count == 1  # counters still restored
+    assert isinstance(other.opt_c, torch.optim.SGD)
+    assert int(other(micro(seed=1))["skipped"]) == 0
+    fresh = GanStep(gen, critic, OptimConfig(), TrainConfig(), "cpu")
+    fresh.load_state_dict({})  # a checkpoint without step state: nothing to restore
+    assert fresh.generator_step_count == 0
+
+
+def test_lr_schedule_is_a_pure_function_of_the_step():
+    f = dict(schedule="cosine", warmup_steps=4, decay_steps=14, min_lr_ratio=0.1)
+    assert [lr_factor(s, **f) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert math.isclose(lr_factor(9, **f), 0.55)
+    assert math.isclose(lr_factor(14, **f), 0.1) and math.isclose(lr_factor(99, **f), 0.1)
+    assert lr_factor(50, schedule="constant", warmup_steps=0, decay_steps=0, min_lr_ratio=0) == 1
+
+
+def _wasserstein(gen, batch):
+    with torch.no_grad():
+        _, counts, _ = gen(batch.conditions)
+        muons = gen.generate_with_counts(batch.conditions, batch.counts)
+    energy = wasserstein_distance(batch.muons[:, 0].numpy(), muons[:, 0].numpy())
+    mult = wasserstein_distance(batch.counts.numpy(), counts.numpy())
+    return energy, mult
+
+
+def test_learns_a_conditional_toy_distribution():
+    """A few hundred CPU steps pull energy and multiplicity towards the toy's (~15 s)."""
+    torch.manual_seed(0)
+    gen, critic = build_models(ModelConfig(context=64))
+    ocfg = OptimConfig(
+        lr_generator=5e-4,
+        lr_critic=5e-4,
+        betas=[0.5, 0.9],
+        n_critic=3,
+        gp_every=1,
+        gp_max_pairs=512,
+    )
+    step = GanStep(gen, critic, ocfg, TrainConfig(), "cpu")
+    held_out = toy_batch(4000, torch.Generator().manual_seed(2))
+    energy0, mult0 = _wasserstein(gen, held_out)
+    data = torch.Generator().manual_seed(1)
+    for _ in range(400):
+        out = step([toy_batch(128, data)])
+    assert int(step.skipped_critic) == 0 and torch.isfinite(out["c_loss"])
+    energy, mult = _wasserstein(gen, held_out)
+    assert energy < 0.25 * energy0, (energy0, energy)
+    assert mult < 0.35 * mult0, (mult0, mult)  # a deterministic head cannot match a spread

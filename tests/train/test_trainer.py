@@ -1,0 +1,209 @@
+"""Trainer: exact resume, signals, time budget, TensorBoard, non-finite rollback."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from muongen.errors import TrainingError
+from muongen.train import checkpoint as ckpt
+from muongen.train import trainer as trainer_module
+from muongen.train.trainer import Trainer
+
+from .conftest import PYTHON, tiny_overrides
+
+
+def audit_keys(run_dir: Path, rank: int = 0) -> np.ndarray:
+    return np.fromfile(run_dir / "audit" / f"rank{rank}.i64", dtype="<i8")
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return ckpt.load(ckpt.find_latest(run_dir / "checkpoints"))["generator"]
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), f"parameter {k} differs"
+
+
+def test_resume_in_process_equals_uninterrupted_run(tiny_config, tmp_path):
+    full = Trainer(tiny_config(train__max_steps=30), tmp_path / "full")
+    assert full.train() == 0
+
+    part = Trainer(tiny_config(train__max_steps=20), tmp_path / "part")
+    assert part.train() == 0
+    resumed = Trainer(tiny_config(train__max_steps=30), tmp_path / "part")
+    assert resumed.resume("auto") is not None
+    assert resumed.step == 20
+    assert resumed.train() == 0
+
+    assert_same_weights(final_weights(tmp_path / "full"), final_weights(tmp_path / "part"))
+    keys_full, keys_part = audit_keys(tmp_path / "full"), audit_keys(tmp_path / "part")
+    assert len(keys_full) == 30 * 32
+    np.testing.assert_array_equal(keys_full, keys_part)  # same events, same order
+    assert len(np.unique(keys_part)) == len(keys_part)  # none twice
+
+
+def _train_cmd(data, out, steps, *extra):
+    sets = tiny_overrides(data, **{"train.max_steps": steps, "checkpoint.every_steps": 5})
+    args = [PYTHON, "-m", "muongen", "train", "--config", "demo", "--out", str(out)]
+    args += [a for s in sets for a in ("--set", s)]
+    return args + list(extra)
+
+
+def _wait_for(predicate, proc, timeout=120.0):
+    t0 = time.monotonic()
+    while not predicate():
+        if proc.poll() is not None:
+            raise AssertionError(f"process ended early with {proc.returncode}: {proc.stderr.read()}")
+        if time.monotonic() - t0 > timeout:
+            proc.kill()
+            raise AssertionError("timed out")
+        time.sleep(0.05)
+
+
+@pytest.mark.integration
+def test_sigkill_then_resume_equals_uninterrupted_run(tiny_data, tmp_path, cli_env):
+    steps = 60
+    subprocess.run(_train_cmd(tiny_data, tmp_path / "a", steps), env=cli_env, check=True,
+                   capture_output=True)
+
+    b = tmp_path / "b"
+    proc = subprocess.Popen(_train_cmd(tiny_data, b, steps), env=cli_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for(lambda: len(ckpt.list_checkpoints(b / "checkpoints")) >= 2, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = ckpt.read_manifest(ckpt.list_checkpoints(b / "checkpoints")[-1])["step"]
+    assert killed_at < steps, "the run finished before it could be killed"
+
+    done = subprocess.run(_train_cmd(tiny_data, b, steps, "--resume", "auto"), env=cli_env,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "resumed from" in done.stderr
+
+    assert_same_weights(final_weights(tmp_path / "a"), final_weights(b))
+    np.testing.assert_array_equal(audit_keys(tmp_path / "a"), audit_keys(b))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("exit_code", [0, 85])
+def test_sigterm_checkpoints_and_exits(tiny_data, tmp_path, cli_env, exit_code):
+    out = tmp_path / "run"
+    cmd = _train_cmd(tiny_data, out, 100000, "--set", f"train.signal_exit_code={exit_code}")
+    proc = subprocess.Popen(cmd, env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for(lambda: len(ckpt.list_checkpoints(out / "checkpoints")) >= 1, proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == exit_code, err
+    last = ckpt.read_manifest(ckpt.find_latest(out / "checkpoints"))
+    assert 5 <= last["step"] < 100000
+    assert "received SIGTERM" in err
+
+
+def test_time_budget_exits_85_and_the_restart_loses_no_event(tiny_config, tmp_path, monkeypatch):
+    epoch = {"train__max_steps": 0, "data__max_epochs": 1}
+    Trainer(tiny_config(**epoch), tmp_path / "whole").train()
+
+    # A clock that advances one second per reading: the 7 s budget runs out after a few
+    # steps, whatever the speed of the machine.
+    ticks = iter(range(10**6))
+    fake_time = SimpleNamespace(monotonic=lambda: float(next(ticks)), perf_counter=time.perf_counter)
+    monkeypatch.setattr(trainer_module, "time", fake_time)
+    t = Trainer(tiny_config(**epoch, train__time_budget_s=7), tmp_path / "r")
+    assert t.train() == 85  # "checkpointed, restart me"
+    monkeypatch.undo()
+    last = ckpt.read_manifest(ckpt.find_latest(tmp_path / "r" / "checkpoints"))
+    assert last["step"] == t.step > 0
+    again = Trainer(tiny_config(**epoch), tmp_path / "r")
+    again.resume("auto")
+    assert again.train() == 0
+    np.testing.assert_array_equal(audit_keys(tmp_path / "whole"), audit_keys(tmp_path / "r"))
+
+
+def test_tensorboard_has_the_scalars(tiny_config, tmp_path):
+    from muongen.monitor.tensorboard import read_scalars
+
+    t = Trainer(tiny_config(train__max_steps=20, logging__hist_every=10), tmp_path / "r")
+    t.train()
+    scalars = read_scalars(tmp_path / "r" / "tb")
+    for tag in ("loss/c_loss", "loss/g_loss", "loss/m_loss", "loss/w_gap", "loss/w_gap_ma",
+                "throughput/events_per_s", "throughput/muons_per_s", "lr/generator"):
+        assert tag in scalars, f"{tag} missing from {sorted(scalars)}"
+    assert [s for s, _ in scalars["loss/c_loss"]] == [5, 10, 15, 20]
+    assert all(np.isfinite(v) for _, v in scalars["loss/c_loss"])
+
+
+def test_run_folder_has_config_summary_and_reports(tiny_config, tmp_path):
+    run = tmp_path / "r"
+    Trainer(tiny_config(train__max_steps=10), run).train()
+    assert "batch_events: 32" in (run / "config.yaml").read_text()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["step"] == 10 and summary["events_seen"] == 320
+    assert (run / "bad-inputs.json").exists()
+
+
+def test_end_of_data_stops_after_max_epochs(tiny_config, tmp_path):
+    t = Trainer(tiny_config(train__max_steps=0, data__max_epochs=1), tmp_path / "r")
+    assert t.train() == 0
+    keys = audit_keys(tmp_path / "r")
+    assert len(np.unique(keys)) == len(keys)
+    assert t.events_seen == len(keys) == t.stream.stats["events"]
+
+
+def test_nonfinite_steps_roll_back_then_stop(tiny_config, tmp_path, monkeypatch):
+    t = Trainer(tiny_config(train__max_steps=1000, train__nonfinite_rollback_after=3,
+                            train__max_rollbacks=2), tmp_path / "r")
+    real_step = t.step_fn.__class__.__call__
+
+    def poisoned(self, micro):
+        out = real_step(self, micro)
+        if t.step >= 12:  # from step 12 on every update is "non-finite"
+            out = dict(out, skipped=torch.ones((), device=out["skipped"].device))
+        return out
+
+    monkeypatch.setattr(t.step_fn.__class__, "__call__", poisoned)
+    with pytest.raises(TrainingError, match="non-finite"):
+        t.train()
+    assert t.rollbacks == 3
+    assert ckpt.read_manifest(ckpt.find_latest(tmp_path / "r" / "checkpoints"))["step"] == 10
+
+
+def test_resume_refuses_a_model_of_another_shape(tiny_config, tmp_path):
+    from muongen.errors import CheckpointError
+
+    Trainer(tiny_config(train__max_steps=10), tmp_path / "r").train()
+    other = Trainer(tiny_config(train__max_steps=20, model__context=64), tmp_path / "r")
+    with pytest.raises(CheckpointError, match="does not fit"):
+        other.resume("auto")
+
+
+@pytest.mark.integration
+def test_ddp_two_processes_on_gloo(tiny_data, tmp_path, cli_env):
+    out = tmp_path / "ddp"
+    sets = tiny_overrides(tiny_data, **{"train.max_steps": 0, "data.max_epochs": 1,
+                                        "checkpoint.every_steps": 10})
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--standalone", "-m", "muongen", "train", "--config", "demo", "--out", str(out)]
+    cmd += [a for s in sets for a in ("--set", s)]
+    done = subprocess.run(cmd, env=cli_env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    k0, k1 = audit_keys(out, 0), audit_keys(out, 1)
+    assert len(k0) and len(k1)
+    assert not set(k0) & set(k1), "the two ranks trained on the same events"
+    assert len(np.unique(k0)) == len(k0) and len(np.unique(k1)) == len(k1)
+    manifests = ckpt.list_checkpoints(out / "checkpoints")
+    assert manifests, "no checkpoint written"
+    payload = ckpt.load(manifests[-1])
+    assert payload["data"]["world_size"] == 2 and len(payload["data"]["ranks"]) == 2
+    assert len(list((out / "tb").rglob("events.out.tfevents.*"))) == 1  # one writer
