@@ -53,8 +53,13 @@ def init(device_kind: str) -> DistInfo:
 
 
 def close(info: DistInfo) -> None:
+    """Leave the process group together: a rank destroying it while another is still
+    talking aborts the other (gloo's "terminate called without an active exception")."""
     if info.enabled and dist.is_initialized():
-        dist.destroy_process_group()
+        try:
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
 
 
 def broadcast_module(module: nn.Module, info: DistInfo) -> None:
