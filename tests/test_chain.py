@@ -35,6 +35,7 @@ TINY = [
     "model.critic_muon_hidden=[16]",
     "model.critic_head_hidden=[16]",
     "optim.n_critic=1",
+    "optim.schedule=constant",
     "optim.gp_max_pairs=64",
     "train.device=cpu",
     "train.log_every=5",
@@ -54,7 +55,9 @@ def range_data(tmp_path_factory) -> Path:
 
     base = tmp_path_factory.mktemp("store") / "data"
     for i, name in enumerate(RANGES):
-        write_synthetic(base / name, files=FILES_PER_RANGE, events_per_file=EVENTS_PER_FILE, seed=10 + i)
+        write_synthetic(
+            base / name, files=FILES_PER_RANGE, events_per_file=EVENTS_PER_FILE, seed=10 + i, mix="rich"
+        )
     return base
 
 

@@ -9,6 +9,7 @@ a checkpoint holds.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -26,6 +27,7 @@ import torch
 from muongen import __version__, schema
 from muongen.config import Config
 from muongen.data.batch import RaggedBatch
+from muongen.data.report import REPORT_NAME
 from muongen.errors import CheckpointError, TrainingError
 from muongen.train import checkpoint as ckpt
 from muongen.train import distributed as ddp
@@ -77,6 +79,21 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
+def make_prefetcher(scfg, scratch: str, rank: int, worker: int | None = None):
+    """A Prefetcher staging input files ahead, its cache beside (not inside) the run folder:
+    a grid node's run folder is its self-checkpoint, spooled by HTCondor at every exit 85."""
+    from muongen.storage.prefetch import Prefetcher
+
+    name = f"cache-rank{rank}" + ("" if worker is None else f"-worker{worker}")
+    return Prefetcher(
+        os.path.join(scfg.cache_dir or scratch, name),
+        ahead=scfg.prefetch,
+        max_bytes=scfg.cache_max_bytes,
+        delete_after_use=scfg.delete_after_use,
+        retries=scfg.retries,
+    )
+
+
 def fingerprint(files: list[str]) -> str:
     """Identity of an input file list: a data cursor only applies to the same list."""
     return hashlib.sha256("\n".join(files).encode()).hexdigest()[:16]
@@ -93,9 +110,8 @@ class Trainer:
         dist: ddp.DistInfo | None = None,
         range_name: str | None = None,
     ) -> None:
-        from muongen.train.step import GanStep
-
         from muongen.model import build_models
+        from muongen.train.step import GanStep
 
         self.cfg = cfg
         self.run_dir = Path(run_dir)
@@ -191,22 +207,21 @@ class Trainer:
                 files=cfg.synth_files,
                 events_per_file=cfg.synth_events_per_file,
                 seed=self.cfg.train.seed,
+                mix=cfg.synth_mix,
             )
         ddp.barrier(self.dist)
 
     def _make_prefetcher(self):
         scfg = self.cfg.storage
-        if scfg.prefetch <= 0:
-            return None
-        from muongen.storage.prefetch import Prefetcher
+        if scfg.prefetch <= 0 or self.cfg.data.num_workers > 0:
+            return None  # DataLoader workers are other processes: each makes its own
+        return make_prefetcher(scfg, str(self.run_dir.parent), self.dist.rank)
 
-        cache = scfg.cache_dir or os.path.join(self.run_dir, f"cache-rank{self.dist.rank}")
-        return Prefetcher(
-            cache,
-            ahead=scfg.prefetch,
-            max_bytes=scfg.cache_max_bytes,
-            delete_after_use=scfg.delete_after_use,
-            retries=scfg.retries,
+    def _prefetcher_factory(self):
+        if self.cfg.storage.prefetch <= 0 or self.cfg.data.num_workers == 0:
+            return None
+        return functools.partial(
+            make_prefetcher, self.cfg.storage, str(self.run_dir.parent), self.dist.rank
         )
 
     def _make_sinks(self):
@@ -228,6 +243,7 @@ class Trainer:
             world_size=self.dist.world_size,
             seed=self.cfg.train.seed,
             prefetcher=self._prefetcher,
+            prefetcher_factory=self._prefetcher_factory(),
             outliers=self.outliers,
             report=self.report,
         )
@@ -385,11 +401,16 @@ class Trainer:
             batch.keys,
         )
 
+    def _phase(self, name: str):
+        timer = getattr(self, "timer", None)
+        return timer.phase(name) if timer is not None else contextlib.nullcontext()
+
     def train_step(self, batch: RaggedBatch) -> dict[str, torch.Tensor]:
         """One generator step on a physical batch: microbatch, move, n critic + 1 G update."""
-        micro = [
-            self.to_features(m) for m in batch.split_by_muons(self.cfg.data.max_muons_per_batch)
-        ]
+        with self._phase("h2d"):
+            parts = batch.split_by_muons(self.cfg.data.max_muons_per_batch)
+            micro = [self.to_features(m) for m in parts]
+        self.step_fn.timer = self.timer  # critic / generator / optimizer phases
         out = self.step_fn(micro)
         if self.cfg.logging.audit_events and batch.keys is not None:
             self._audit_pending.append(batch.keys.clone())
@@ -404,17 +425,25 @@ class Trainer:
 
         Returns the process exit code (0, train.signal_exit_code, train.budget_exit_code).
         """
+        from muongen.data.reader import read_events
+        from muongen.model.normaliser import fit_normalisers, normalisers_fitted
         from muongen.monitor.gpu import GpuMonitor
         from muongen.monitor.health import classify
         from muongen.monitor.progress import Progress
         from muongen.monitor.tensorboard import TensorBoardLogger
+        from muongen.monitor.timing import StepTimer
 
         cfg = self.cfg
         main = self.dist.is_main
         if main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
-        tb = TensorBoardLogger(self.tb_dir, enabled=cfg.logging.tensorboard and main)
+        # purge_step: a resumed run hides what a killed run logged after its checkpoint
+        tb = TensorBoardLogger(
+            self.tb_dir,
+            enabled=cfg.logging.tensorboard and main,
+            purge_step=self.step + 1 if self.step else None,
+        )
         tb_sync = self._start_tb_sync() if main else None
         gpu = GpuMonitor(self.device) if cfg.logging.gpu_monitor and main else None
         if gpu:
@@ -436,6 +465,10 @@ class Trainer:
             "work": 0.0,
         }
         exit_code = EXIT_DONE
+        if not normalisers_fitted(self.generator):  # a fresh run; checkpoints carry them
+            sample = read_events(self.files[0], max_events=max(cfg.data.batch_events, 20000))
+            fit_normalisers(self.generator, self.critic, self.to_features(sample))
+        self.timer = StepTimer(self.device)
         it = iter(self.stream)
         try:
             if profile_steps:
@@ -457,7 +490,8 @@ class Trainer:
                     log.info("stopping after %s: checkpoint written, exit code %d", why, exit_code)
                     break
                 t0 = time.perf_counter()
-                batch = next(it, None)
+                with self.timer.phase("data_wait"):
+                    batch = next(it, None)
                 t1 = time.perf_counter()
                 (exhausted,) = ddp.agree([int(batch is None)], self.dist, self.device)
                 if exhausted:
@@ -512,7 +546,7 @@ class Trainer:
             self._restore_signal_handlers(old_handlers)
             self.outliers.close()
             if main:
-                self.report.write(self.run_dir / "bad-inputs.json")
+                self.report.write(self.run_dir / REPORT_NAME)
             if self._prefetcher is not None:
                 self._prefetcher.close()
             if progress:
@@ -541,7 +575,7 @@ class Trainer:
                 f"{consecutive} non-finite steps in a row at step {self.step} and "
                 f"{self.rollbacks - 1} rollbacks already: the run diverges. Lower the learning "
                 "rates (optim.lr_generator / optim.lr_critic), enable optim.grad_clip, or check "
-                f"the inputs (see {self.run_dir / 'bad-inputs.json'})"
+                f"the inputs (see {self.run_dir / REPORT_NAME})"
             )
         if self._last_good is None:
             raise TrainingError(
@@ -596,7 +630,6 @@ class Trainer:
             "throughput/batches_per_s": m["batches_per_s"],
             "throughput/events_per_s": m["events_per_s"] * self.dist.world_size,
             "throughput/muons_per_s": m["muons_per_s"] * self.dist.world_size,
-            "time/data_wait_frac": m["data_wait_frac"],
             "health/skipped_updates": m["skipped"],
             "health/rollbacks": self.rollbacks,
         }
@@ -604,6 +637,7 @@ class Trainer:
         scalars.update(
             {f"data/{k}": v for k, v in self.stream.stats.items() if isinstance(v, (int, float))}
         )
+        scalars.update(self.timer.snapshot())
         if gpu:
             scalars.update(gpu.snapshot())
         tb.scalars(self.step, scalars)
@@ -629,9 +663,7 @@ class Trainer:
             if self.cfg.model.representation == "xy"
             else ["log10_energy", "r"]
         )
-        for j, name in enumerate(names):
-            tb.histogram(self.step, f"hist/real/{name}", real.muons[:, j].float().cpu().numpy())
-            tb.histogram(self.step, f"hist/gen/{name}", fake_muons[:, j].float().cpu().numpy())
+        tb.real_vs_generated(self.step, real.muons.float().cpu(), fake_muons.float().cpu(), names)
         tb.histogram(
             self.step, "hist/real/log10_mult", torch.log10(real.counts.float() + 1).cpu().numpy()
         )

@@ -16,8 +16,8 @@ def tiny_data(tmp_path_factory) -> Path:
     """Four small Parquet files written once per session: the trainer tests read, never write."""
     from muongen.data.synth import write_synthetic
 
-    out = tmp_path_factory.mktemp("tiny-data")
-    write_synthetic(out, files=4, events_per_file=400, seed=3)
+    out = tmp_path_factory.mktemp("tiny-data")  # muon-rich mix: every batch carries muons
+    write_synthetic(out, files=4, events_per_file=400, seed=3, mix="rich")
     return out
 
 
@@ -37,6 +37,7 @@ def tiny_overrides(data: Path, **extra) -> list[str]:
         "model.critic_muon_hidden": "[16, 32]",
         "model.critic_head_hidden": "[32]",
         "optim.n_critic": 2,
+        "optim.schedule": "constant",  # epoch-bounded runs have no step horizon
         "optim.gp_max_pairs": 64,
         "train.device": "cpu",
         "train.deterministic": "true",

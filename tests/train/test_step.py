@@ -255,3 +255,23 @@ def test_learns_a_conditional_toy_distribution():
     energy, mult = _wasserstein(gen, held_out)
     assert energy < 0.25 * energy0, (energy0, energy)
     assert mult < 0.35 * mult0, (mult0, mult)  # a deterministic head cannot match a spread
+
+
+@pytest.mark.parametrize("mode", ["round", "lognormal"])
+def test_m_loss_follows_the_multiplicity_mode(mode):
+    """round: m_loss is the original's MSE of the mean; lognormal: the Gaussian NLL of the
+    real log10(N + 1) under the head's mean and spread (before this step's update)."""
+    from muongen.model.losses import multiplicity_loss, multiplicity_nll
+
+    gen, critic = small_models(multiplicity=mode)
+    batch = micro(parts=1)
+    with torch.no_grad():
+        mean, log_std = gen.multiplicity_params(batch[0].conditions)
+        expected = (
+            multiplicity_loss(mean, batch[0].counts)
+            if mode == "round"
+            else multiplicity_nll(mean, log_std, batch[0].counts)
+        )
+    out = GanStep(gen, critic, OptimConfig(n_critic=1), TrainConfig(), "cpu")(batch)
+    assert math.isclose(float(out["m_loss"]), float(expected), rel_tol=1e-5)
+    assert (log_std is None) == (mode == "round")

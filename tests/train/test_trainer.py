@@ -132,7 +132,7 @@ def test_time_budget_exits_85_and_the_restart_loses_no_event(tiny_config, tmp_pa
 
 
 def test_tensorboard_has_the_scalars(tiny_config, tmp_path):
-    from muongen.monitor.tensorboard import read_scalars
+    from muongen.monitor.tensorboard import read_scalars, read_tags
 
     t = Trainer(tiny_config(train__max_steps=20, logging__hist_every=10), tmp_path / "r")
     t.train()
@@ -142,6 +142,13 @@ def test_tensorboard_has_the_scalars(tiny_config, tmp_path):
         assert tag in scalars, f"{tag} missing from {sorted(scalars)}"
     assert [s for s, _ in scalars["loss/c_loss"]] == [5, 10, 15, 20]
     assert all(np.isfinite(v) for _, v in scalars["loss/c_loss"])
+    for phase in ("data_wait", "h2d", "critic", "generator"):  # the time split
+        assert f"time/{phase}_frac" in scalars, phase
+    tags = read_tags(tmp_path / "r" / "tb")
+    assert {"hist/real/log10_energy", "hist/gen/log10_energy", "hist/gen/log10_mult"} <= set(
+        tags["histograms"]
+    )
+    assert "hist/real_vs_gen" in tags["images"]
 
 
 def test_run_folder_has_config_summary_and_reports(tiny_config, tmp_path):
@@ -150,7 +157,7 @@ def test_run_folder_has_config_summary_and_reports(tiny_config, tmp_path):
     assert "batch_events: 32" in (run / "config.yaml").read_text()
     summary = json.loads((run / "summary.json").read_text())
     assert summary["step"] == 10 and summary["events_seen"] == 320
-    assert (run / "bad-inputs.json").exists()
+    assert (run / "bad_input.json").exists()
 
 
 def test_end_of_data_stops_after_max_epochs(tiny_config, tmp_path):
@@ -207,3 +214,15 @@ def test_ddp_two_processes_on_gloo(tiny_data, tmp_path, cli_env):
     payload = ckpt.load(manifests[-1])
     assert payload["data"]["world_size"] == 2 and len(payload["data"]["ranks"]) == 2
     assert len(list((out / "tb").rglob("events.out.tfevents.*"))) == 1  # one writer
+
+
+def test_dataloader_workers_with_prefetch(tiny_config, tmp_path):
+    """Worker processes each get their own Prefetcher (a live one cannot cross processes)."""
+    t = Trainer(
+        tiny_config(train__max_steps=0, data__max_epochs=1, data__num_workers=2, storage__prefetch=2),
+        tmp_path / "r",
+    )
+    assert t._prefetcher is None and t.stream.prefetcher_factory is not None
+    assert t.train() == 0
+    keys = audit_keys(tmp_path / "r")
+    assert len(keys) == len(np.unique(keys)) == t.stream.stats["events"]

@@ -1,0 +1,103 @@
+"""`muongen synth` and `muongen inspect`, and the synthetic model's production-like mix."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+
+from muongen import schema
+from muongen.cli import main
+from muongen.data import synth
+from muongen.data.formats import detect_format
+from muongen.data.reader import read_events
+
+
+def test_synth_cli_writes_range_folders_in_each_format(tmp_path, capsys):
+    for fmt, ext in (("v1", ".parquet"), ("v2", ".parquet"), ("hdf5", ".h5")):
+        out = tmp_path / fmt
+        argv = [
+            "synth",
+            "--out",
+            str(out),
+            "--files",
+            "3",
+            "--events-per-file",
+            "150",
+            "--format",
+            fmt,
+        ]
+        assert main([*argv, "--ranges", "--seed", "4", "--first", "998"]) == 0
+        files = sorted(str(p.relative_to(out)) for p in out.rglob(f"*{ext}"))
+        assert files == [
+            f"0000000-0000999/0000998{ext}",
+            f"0000000-0000999/0000999{ext}",
+            f"0001000-0001999/0001000{ext}",
+        ]
+        path = str(out / files[0])
+        assert detect_format(path) == synth.FORMAT_ALIASES[fmt]
+        assert read_events(path).n_events == 150
+    assert "wrote 3 hdf5 files" in capsys.readouterr().out
+
+
+def test_synth_is_reproducible_per_file(tmp_path):
+    a = synth.write_synthetic(tmp_path / "a", files=2, events_per_file=300, seed=1, mix="rich")
+    b = synth.write_synthetic(
+        tmp_path / "b", files=1, events_per_file=300, seed=1, mix="rich", first=1
+    )
+    assert Path(a[1]).read_bytes() == Path(b[0]).read_bytes()
+
+
+def test_synthetic_mixes_look_like_production():
+    rng = np.random.default_rng(0)
+    batch, (major, minor) = synth.generate(300_000, rng, mix="production", major=3)
+    counts = batch.counts.numpy()
+    assert 0.15 < counts.mean() < 0.8  # production averages ~0.37 muons per row
+    assert (counts == 0).mean() > 0.9 and counts.max() > 1000  # mostly empty, heavy tail
+    cond = batch.conditions.numpy()
+    assert set(np.unique(cond[:, 2])) == {1, 4, 14, 28, 56}
+    assert set(np.unique(cond[:, 3])) <= set(schema.PRODUCTION_DEPTHS_M.astype(np.float32))
+    assert (
+        cond[:, 0].min() >= 1e3 and cond[:, 0].max() <= 1e9 and cond[:, 1].max() < np.radians(85.01)
+    )
+    assert (
+        (major == 3).all() and (minor[:100] == 0).all() and minor[100] == 1
+    )  # 100 depths per shower
+    mu = batch.muons.numpy()
+    assert (mu[:, 0] > 0).all() and np.isfinite(mu).all()
+    # deeper rows of the same showers carry fewer muons
+    shallow, deep = counts[cond[:, 3] < 1500].mean(), counts[cond[:, 3] > 2300].mean()
+    assert shallow > 2 * deep
+    rich, _ = synth.generate(20_000, rng, mix="rich")
+    assert rich.counts.float().mean() > 5
+
+
+def test_inspect_json_and_text(tmp_path, capsys):
+    paths = synth.write_synthetic(
+        tmp_path, files=2, events_per_file=400, fmt="hdf5", mix="rich", seed=2
+    )
+    assert main(["inspect", "--json", "--events", "2", *paths]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2
+    info = json.loads(lines[0])
+    batch = read_events(paths[0])
+    assert info["format"] == "hdf5" and info["rows"] == 400
+    assert info["muons"] == batch.n_muons and info["empty_rows"] == int((batch.counts == 0).sum())
+    assert info["max_multiplicity"] == int(batch.counts.max()) and len(info["first_events"]) == 2
+    assert main(["inspect", paths[1]]) == 0
+    text = capsys.readouterr().out
+    assert (
+        re.search(r"hdf5, 400 rows, \d+ muons, \d+ empty rows", text)
+        and "multiplicity: mean" in text
+    )
+
+
+def test_inspect_reports_a_bad_file_and_goes_on(tmp_path, capsys):
+    good = synth.write_synthetic(tmp_path, files=1, events_per_file=50)[0]
+    bad = tmp_path / "bad.parquet"
+    bad.write_text("nope")
+    assert main(["inspect", "--json", str(bad), good]) == 2
+    out = capsys.readouterr()
+    assert "bad.parquet" in out.err and json.loads(out.out.splitlines()[1])["rows"] == 50

@@ -1,0 +1,286 @@
+"""EventStream: exactly-once delivery, sharding, exact resume, filters, bad input, workers."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from muongen import schema
+from muongen.config import DataConfig
+from muongen.data import writers
+from muongen.data.outliers import OutlierWriter
+from muongen.data.reader import read_events
+from muongen.data.report import BadInputReport
+from muongen.data.shards import fresh_cursor
+from muongen.data.stream import EventStream, _WorkerShards
+from muongen.errors import ConfigError, InputFileError
+
+ROWS = 700  # rows per file of the `dataset` fixture
+
+
+def cfg_(**kw) -> DataConfig:
+    base = dict(
+        batch_events=256,
+        shuffle_buffer_events=900,
+        open_files=3,
+        max_muons_per_event=0,
+        read_rows=200,
+    )
+    return DataConfig(**{**base, **kw})
+
+
+def all_keys(files) -> np.ndarray:
+    return np.array([(f << 32) | r for f in range(len(files)) for r in range(ROWS)], np.int64)
+
+
+def take(stream, n):
+    return list(itertools.islice(iter(stream), n))
+
+
+def test_one_epoch_delivers_every_event_once_shuffled(dataset, keys_of):
+    stream = EventStream(dataset, cfg_(max_epochs=1))
+    batches = list(stream)
+    keys = keys_of(batches)
+    assert sorted(keys.tolist()) == all_keys(dataset).tolist()
+    assert [b.n_events for b in batches[:-1]] == [256] * (len(batches) - 1)
+    assert (np.diff(keys) < 0).sum() > len(keys) // 4  # mixed, not in file order
+    files_in_first_batch = np.unique(batches[0].keys.numpy() >> 32)
+    assert len(files_in_first_batch) == 3  # the buffer mixes the open files
+    total_muons = sum(read_events(f).n_muons for f in dataset)
+    assert stream.stats["events"] == len(dataset) * ROWS and stream.stats["muons"] == total_muons
+    # muons travel with their event: batch content equals the file content per key
+    ref = {
+        k: m
+        for f, path in enumerate(dataset)
+        for k, m in _events_by_key(read_events(path), f).items()
+    }
+    for b in batches[:3]:
+        for k, m in _events_by_key(b).items():
+            np.testing.assert_array_equal(m, ref[k])
+
+
+def _events_by_key(batch, file_index=None):
+    off = batch.offsets.tolist()
+    keys = (
+        batch.keys.tolist()
+        if file_index is None
+        else [(file_index << 32) | k for k in batch.keys.tolist()]
+    )
+    return {k: batch.muons[off[i] : off[i + 1]].numpy() for i, k in enumerate(keys)}
+
+
+def test_two_ranks_three_workers_see_every_event_exactly_once(dataset, keys_of, monkeypatch):
+    cfg = cfg_(max_epochs=1, num_workers=3)
+    seen = []
+    for rank, worker in itertools.product(range(2), range(3)):
+        # what DataLoader worker `worker` of rank `rank` runs (without spawning processes)
+        info = SimpleNamespace(id=worker, num_workers=3)
+        monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda info=info: info)
+        cursors = [fresh_cursor(cfg.open_files)] * 3
+        dataset_of_worker = _WorkerShards(dataset, cfg, rank, 2, 7, cursors, None)
+        items = list(dataset_of_worker)
+        assert items[-1].done and all(it.worker == worker for it in items)
+        seen.append(keys_of([it.batch for it in items if it.batch is not None]))
+    keys = np.concatenate(seen)
+    assert len(keys) == len(set(keys.tolist())) == len(dataset) * ROWS
+    assert all(len(k) for k in seen)  # 8 files over 6 shards: everyone reads
+
+
+def test_ranks_share_the_epoch_order_and_each_epoch_is_complete(dataset, keys_of):
+    cfg = cfg_(max_epochs=2, batch_events=100)
+    per_rank = [
+        keys_of(list(EventStream(dataset, cfg, rank=r, world_size=2, seed=3))) for r in range(2)
+    ]
+    total = len(dataset) * ROWS
+    assert sum(len(k) for k in per_rank) == 2 * total
+    both = np.concatenate(per_rank)
+    assert sorted(both.tolist()) == sorted(
+        np.tile(all_keys(dataset), 2).tolist()
+    )  # each event twice: 2 epochs
+
+
+# 5600 rows per epoch in batches of 300; pools of ~900: 2 is mid-round, 18 is just before
+# the batch that spans the epoch boundary, 19 inside epoch 1, 40 in epoch 2
+@pytest.mark.parametrize("drawn", [2, 18, 19, 40])
+def test_resume_continues_with_identical_batches(dataset, drawn):
+    cfg = cfg_(max_epochs=0, batch_events=300)
+    first = EventStream(dataset, cfg, seed=11)
+    it = iter(first)
+    for _ in range(drawn):
+        next(it)
+    state = json.loads(json.dumps(first.state_dict()))  # plain values, survives JSON
+    expected = [next(it) for _ in range(8)]
+    again = EventStream(dataset, cfg, seed=11)
+    again.load_state_dict(state)
+    got = take(again, 8)
+    for a, b in zip(got, expected):
+        for name in ("conditions", "muons", "counts", "keys"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert again.stats["events"] == first.stats["events"]
+
+
+def test_refuses_a_changed_world_size_or_file_list(dataset):
+    stream = EventStream(dataset, cfg_())
+    take(stream, 1)
+    state = stream.state_dict()
+    with pytest.raises(ConfigError, match=r"world_size=1.*world_size=2"):
+        EventStream(dataset, cfg_(), rank=0, world_size=2).load_state_dict(state)
+    with pytest.raises(ConfigError, match="n_files"):
+        EventStream(dataset[:-1], cfg_()).load_state_dict(state)
+    with pytest.raises(ConfigError, match="num_workers"):
+        EventStream(dataset, cfg_(num_workers=2)).load_state_dict(state)
+    with pytest.raises(ConfigError, match="prefetch"):  # its threads cannot serve workers
+        EventStream(dataset, cfg_(num_workers=2), prefetcher=RecordingPrefetcher(None))
+
+
+def test_empty_events_dropped_and_outliers_siphoned(dataset, tmp_path):
+    limit = 40
+    writer = OutlierWriter(tmp_path / "outliers", shard_events=7)
+    stream = EventStream(
+        dataset, cfg_(max_epochs=1, keep_empty=False, max_muons_per_event=limit), outliers=writer
+    )
+    batches = list(stream)
+    counts = torch.cat([b.counts for b in batches])
+    assert counts.min() > 0 and counts.max() <= limit
+    st = stream.stats
+    assert st["empty_dropped"] > 0 and st["outliers"] > 7  # more than one shard's worth
+    assert st["events"] + st["empty_dropped"] + st["outliers"] == len(dataset) * ROWS
+    stream.state_dict()  # flushes the writer: outliers of yielded batches are on disk
+    shards = sorted((tmp_path / "outliers").glob("*.parquet"))
+    assert [p.name for p in shards[:2]] == [
+        "outliers-parquet-v1-00000.parquet",
+        "outliers-parquet-v1-00001.parquet",
+    ]
+    assert all(pq.read_metadata(p).num_rows == 7 for p in shards[:-1])
+    written = pa.concat_tables([pq.read_table(p) for p in shards])
+    assert writer.count == written.num_rows == st["outliers"]
+    # unchanged, bit for bit and in the input schema: the same rows as in the files
+    originals = [pq.read_table(f) for f in dataset]
+    assert written.schema.equals(originals[0].schema)
+    expected = [
+        row
+        for t in originals
+        for row in t.filter(
+            pa.compute.greater(pa.compute.list_value_length(t["muons"]), limit)
+        ).to_pylist()
+    ]
+    assert sorted(map(repr, written.to_pylist())) == sorted(map(repr, expected))
+
+
+@pytest.fixture
+def bad_inputs(dataset, tmp_path, make_batch):
+    # Two good files plus one of each kind of bad input, as the stream would meet them.
+    good = [shutil.copy(f, tmp_path / f"good{i}.parquet") for i, f in enumerate(dataset[:2])]
+    truncated = tmp_path / "truncated.parquet"
+    truncated.write_bytes(Path(dataset[2]).read_bytes()[:3000])
+    garbage = tmp_path / "garbage.parquet"
+    garbage.write_bytes(b"\x00garbage" * 500)
+    wrong = tmp_path / "wrong.parquet"
+    pq.write_table(pa.table({"primary": [1.0, 2.0]}), wrong)
+    batch = make_batch([1, 2, 0, 3, 1])
+    batch.conditions[1, 2] = float("nan")
+    batch.muons[4, 0] = -3.0  # a muon of event 3 (muon rows 3-5)
+    nan = tmp_path / "nan.parquet"
+    writers.write_events(nan, batch, schema.FORMAT_V1)
+    return [str(p) for p in (*good, truncated, garbage, wrong, nan)]
+
+
+def test_bad_inputs_are_skipped_and_reported(bad_inputs, keys_of):
+    report = BadInputReport()
+    stream = EventStream(bad_inputs, cfg_(max_epochs=1, shuffle_files=False), report=report)
+    keys = keys_of(list(stream))
+    assert sorted(report.files) == sorted(bad_inputs[2:5])
+    assert "truncated" in report.files[bad_inputs[2]] or "damaged" in report.files[bad_inputs[2]]
+    assert report.events[bad_inputs[5]] == {"NaN or inf value": 1, "energy <= 0": 1}
+    assert stream.stats["bad_files"] == 3 and stream.stats["bad_events"] == 2
+    good = {(f << 32) | r for f in (0, 1) for r in range(ROWS)} | {(5 << 32) | r for r in (0, 2, 4)}
+    assert set(keys.tolist()) == good and len(keys) == len(good)
+    assert "bad_files" in json.dumps(stream.state_dict()["report"])
+
+
+def test_strict_mode_fails_on_the_first_bad_file(bad_inputs):
+    stream = EventStream(
+        bad_inputs, cfg_(max_epochs=1, strict=True, shuffle_files=False, open_files=1)
+    )
+    with pytest.raises(InputFileError, match=r"truncated.parquet"):
+        list(stream)
+
+
+class RecordingPrefetcher:
+    """Stands in for storage.prefetch.Prefetcher: serves files from a local copy, records calls."""
+
+    def __init__(self, cache):
+        self.cache, self.scheduled, self.released = cache, [], []
+
+    def schedule(self, urls):
+        self.scheduled += urls
+
+    def local_path(self, url):
+        return str(shutil.copy(url, self.cache / url.replace("/", "_")))
+
+    def release(self, url):
+        self.released.append(url)
+
+
+def test_prefetcher_is_told_every_file_and_releases_each_once(dataset, tmp_path, keys_of):
+    prefetcher = RecordingPrefetcher(tmp_path)
+    stream = EventStream(dataset, cfg_(max_epochs=1), prefetcher=prefetcher)
+    assert len(keys_of(list(stream))) == len(dataset) * ROWS
+    assert sorted(prefetcher.scheduled) == sorted(prefetcher.released) == sorted(dataset)
+
+
+def test_dataloader_workers_are_exact_and_resumable(dataset, keys_of):
+    cfg = cfg_(max_epochs=1, num_workers=2, batch_events=300)
+    stream = EventStream(dataset, cfg, seed=2)
+    it = iter(stream)
+    head = [next(it) for _ in range(5)]
+    state = stream.state_dict()
+    rest = list(it)
+    keys = keys_of(head + rest)
+    assert sorted(keys.tolist()) == all_keys(dataset).tolist()
+    again = EventStream(dataset, cfg, seed=2)
+    again.load_state_dict(state)
+    resumed = list(again)
+    assert len(resumed) == len(rest)
+    for a, b in zip(resumed, rest):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.muons, b.muons)
+
+
+def test_outliers_and_counters_are_not_repeated_after_a_resume(dataset, tmp_path):
+    cfg = cfg_(max_epochs=1, max_muons_per_event=40, keep_empty=False)
+    whole = EventStream(dataset, cfg, outliers=OutlierWriter(tmp_path / "whole"))
+    n_events = sum(b.n_events for b in whole)
+    first = EventStream(dataset, cfg, outliers=OutlierWriter(tmp_path / "split"))
+    take(first, 4)
+    state = first.state_dict()
+    second = EventStream(dataset, cfg, outliers=OutlierWriter(tmp_path / "split"))
+    second.load_state_dict(state)
+    rest = sum(b.n_events for b in second)
+    second.outliers.close()
+    whole.outliers.close()
+    assert second.stats == whole.stats and 4 * 256 + rest == n_events
+    split = pa.concat_tables(
+        [pq.read_table(p) for p in sorted((tmp_path / "split").glob("*.parquet"))]
+    )
+    assert split.num_rows == whole.stats["outliers"]
+
+
+def test_mixed_formats_stream_together(tmp_path, make_batch, keys_of):
+    paths = []
+    for i, fmt in enumerate(schema.FORMATS):
+        batch = make_batch(np.arange(50) % 4, seed=i)
+        paths.append(str(tmp_path / f"{i}.data"))  # the name says nothing about the format
+        writers.write_events(paths[-1], batch, fmt)
+    batches = list(EventStream(paths, cfg_(max_epochs=1, batch_events=32)))
+    keys = keys_of(batches)
+    assert sorted(keys.tolist()) == [(f << 32) | r for f in range(3) for r in range(50)]
+    assert int(sum(b.n_muons for b in batches)) == 3 * int((np.arange(50) % 4).sum())
