@@ -76,10 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         datefmt="%H:%M:%S",
     )
     try:
-        return int(args._run(args) or 0)
+        code = int(args._run(args) or 0)
     except MuongenError as exc:
         print(f"muongen {args.verb}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        code = exc.exit_code
     except KeyboardInterrupt:
         print(f"muongen {args.verb}: interrupted", file=sys.stderr)
         return 130
@@ -88,6 +88,23 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        _exit_now(code)
+    return code
+
+
+def _exit_now(code: int) -> None:
+    """Leave a torchrun worker without interpreter finalisation.
+
+    With pyarrow loaded, a gloo worker aborted at exit in about one run in ten ("terminate
+    called without an active exception", in C++ static destructors after all Python code
+    had finished). Everything durable (checkpoints, manifests, audit files, TensorBoard
+    events) is already written, fsynced and closed at this point, so flush and go.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
