@@ -4,6 +4,6 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from muongen.errors import MuongenError  # noqa: E402
+from muongen.errors import MuongenError
 
 __all__ = ["MuongenError", "__version__"]

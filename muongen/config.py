@@ -31,6 +31,9 @@ class DataConfig:
     """Number of synthetic files written when synth_if_missing applies."""
     synth_events_per_file: int = 20000
     """Rows per synthetic file when synth_if_missing applies."""
+    synth_mix: Literal["production", "rich"] = "production"
+    """Multiplicity mix of those files (muongen synth --mix): production = ~0.37 muons per
+    row, 96% empty; rich = primaries >= 1e5 GeV, ~13 muons per row, 35% empty."""
     batch_events: int = 4096
     """Events per training batch."""
     max_muons_per_batch: int = 262144
@@ -83,6 +86,9 @@ class ModelConfig:
     """How the critic pools muons per event."""
     max_generated_muons: int = 20000
     """Cap on the muons the generator makes for one event (protects memory; 0: no cap)."""
+    multiplicity: Literal["lognormal", "round"] = "lognormal"
+    """Counts from the head: lognormal = draw log10(N + 1) ~ Normal(mean, std) per event
+    and round (mean and std trained by Gaussian NLL); round = round the mean (the original)."""
 
 
 @dataclass
@@ -122,7 +128,7 @@ class OptimConfig:
     gp_norm: Literal["muon", "event"] = "muon"
     """Gradient norm penalised: per paired muon (the original's) or per event's paired set."""
     mult_weight: float = 1.0
-    """Weight of the multiplicity MSE in the generator loss."""
+    """Weight of the multiplicity loss in the generator loss (MSE, or NLL for lognormal)."""
 
 
 @dataclass
@@ -455,5 +461,5 @@ def _field_docs(cls: type) -> dict[str, str]:
             and isinstance(node.value, ast.Constant)
             and isinstance(node.value.value, str)
         ):
-            docs[prev.target.id] = node.value.value.strip()
+            docs[prev.target.id] = " ".join(node.value.value.split())  # one line
     return docs

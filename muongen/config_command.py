@@ -10,9 +10,13 @@ HELP = "print the resolved config (preset/file + --set overrides) or list every 
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default=None, help=f"preset ({', '.join(preset_names())}) or YAML file")
+    parser.add_argument(
+        "--config", default=None, help=f"preset ({', '.join(preset_names())}) or YAML file"
+    )
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--list", action="store_true", help="list every key, its default and meaning")
+    parser.add_argument(
+        "--list", action="store_true", help="list every key, its default and meaning"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

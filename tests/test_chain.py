@@ -56,7 +56,11 @@ def range_data(tmp_path_factory) -> Path:
     base = tmp_path_factory.mktemp("store") / "data"
     for i, name in enumerate(RANGES):
         write_synthetic(
-            base / name, files=FILES_PER_RANGE, events_per_file=EVENTS_PER_FILE, seed=10 + i, mix="rich"
+            base / name,
+            files=FILES_PER_RANGE,
+            events_per_file=EVENTS_PER_FILE,
+            seed=10 + i,
+            mix="rich",
         )
     return base
 
@@ -92,15 +96,32 @@ def test_local_chain_retries_and_hands_checkpoints_on(tmp_path, range_data, env)
     marker = tmp_path / "failed-once"
     flaky.write_text(
         "#!/bin/sh\n"
-        f'case "$*" in *{RANGES[1]}*) if [ ! -e {marker} ]; then touch {marker}; exit 1; fi;; esac\n'
+        f'case "$*" in *{RANGES[1]}*)\n'
+        f"  if [ ! -e {marker} ]; then touch {marker}; exit 1; fi;;\n"
+        "esac\n"
         f'exec {sys.executable} -m muongen chain --node "$@"\n'
     )
     flaky.chmod(0o755)
     work = tmp_path / "work"
     done = subprocess.run(
-        [sys.executable, "-m", "muongen", "chain", str(campaign), "--local", "--workdir", str(work),
-         "--backoff", "0.1", "--node-command", str(flaky)],
-        env=env, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "muongen",
+            "chain",
+            str(campaign),
+            "--local",
+            "--workdir",
+            str(work),
+            "--backoff",
+            "0.1",
+            "--node-command",
+            str(flaky),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert marker.exists()
@@ -111,7 +132,7 @@ def test_local_chain_retries_and_hands_checkpoints_on(tmp_path, range_data, env)
     store = tmp_path / "store" / "ckpt" / "test-chain"
     steps = []
     for r in RANGES:
-        pt, meta = ckpt.verify(store / f"{r}.json")  # published, sha256 intact
+        _, meta = ckpt.verify(store / f"{r}.json")  # published, sha256 intact
         assert meta["range"] == r
         summary = json.loads((work / r / f"run-{r}" / "summary.json").read_text())
         steps.append(summary["steps_on_these_inputs"])
@@ -124,8 +145,20 @@ def test_local_chain_retries_and_hands_checkpoints_on(tmp_path, range_data, env)
     assert "resuming" not in done.stderr  # no node had to restart itself
 
     again = subprocess.run(
-        [sys.executable, "-m", "muongen", "chain", str(campaign), "--local", "--workdir", str(work)],
-        env=env, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "muongen",
+            "chain",
+            str(campaign),
+            "--local",
+            "--workdir",
+            str(work),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert again.returncode == 0 and "already done" in again.stderr
 
@@ -133,12 +166,26 @@ def test_local_chain_retries_and_hands_checkpoints_on(tmp_path, range_data, env)
 def test_evicted_node_resumes_from_its_self_checkpoint(tmp_path, range_data, env):
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    node = [sys.executable, "-m", "muongen", "chain", "--node", "--range", RANGES[0],
-            "--data", f"file://{range_data / RANGES[0]}/*.parquet", "--preset", "demo",
-            "--scratch", str(scratch)]
+    node = [
+        sys.executable,
+        "-m",
+        "muongen",
+        "chain",
+        "--node",
+        "--range",
+        RANGES[0],
+        "--data",
+        f"file://{range_data / RANGES[0]}/*.parquet",
+        "--preset",
+        "demo",
+        "--scratch",
+        str(scratch),
+    ]
     node += [a for s in [*TINY, "checkpoint.every_steps=2"] for a in ("--set", s)]
     ckpts = scratch / f"run-{RANGES[0]}" / "checkpoints"
-    proc = subprocess.Popen(node, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        node, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     t0 = time.monotonic()
     while not ckpt.list_checkpoints(ckpts):
         assert proc.poll() is None, proc.stderr.read()

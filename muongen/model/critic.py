@@ -4,6 +4,11 @@ Per-muon network over [muon, condition of its event] (-64-128, LayerNorm, LeakyR
 pooled per event with ``scatter_reduce`` (amax or mean; a symmetric function, so the
 score does not depend on the muons' order), then an event head over [pooled, condition].
 
+Muon features and conditions are standardised first (:mod:`muongen.model.normaliser`,
+the generator's statistics); :meth:`Critic.score` takes muons already standardised, which
+is where the training step computes the gradient penalty, so the Lipschitz constraint
+weighs every feature by its spread and not by its unit (x / 500 m has a spread ~0.01).
+
 An event without muons has nothing to pool: it gets ``empty_fill``, a learned vector of
 the pooled width (initialised to zero). Nothing like -1e9 ever reaches the head.
 """
@@ -16,6 +21,7 @@ from torch import nn
 from muongen import schema
 from muongen.config import ModelConfig
 from muongen.model.layers import leaky_relu, mlp
+from muongen.model.normaliser import Standardiser
 
 
 def event_index_of(counts: torch.Tensor, n_muons: int) -> torch.Tensor:
@@ -32,6 +38,10 @@ class Critic(nn.Module):
         self.n_features = schema.muon_feature_dim(cfg.representation)
         self.pooling = cfg.pooling
         nc = schema.N_CONDITION
+        self.cond_norm = Standardiser(nc)
+        self.muon_norm = Standardiser(
+            self.n_features, log_features=(1,) if cfg.representation == "radial" else ()
+        )
         width = cfg.critic_muon_hidden[-1]
         self.muon_net = mlp(
             self.n_features + nc,
@@ -65,9 +75,20 @@ class Critic(nn.Module):
         Returns:
             (B,) scores.
         """
+        return self.score(self.muon_norm(muons), cond, counts, event_index)
+
+    def score(
+        self,
+        muons: torch.Tensor,
+        cond: torch.Tensor,
+        counts: torch.Tensor,
+        event_index: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Like :meth:`forward` but for standardised muons (N, F) (``muon_norm(muons)``)."""
         b, n = cond.shape[0], muons.shape[0]
         if event_index is None:
             event_index = event_index_of(counts, n)
+        cond = self.cond_norm(cond)
         h = self.muon_net(torch.cat([muons, cond[event_index]], dim=-1))  # (N, H)
         index = event_index.unsqueeze(-1).expand_as(h)
         pooled = h.new_zeros(b, h.shape[1]).scatter_reduce(

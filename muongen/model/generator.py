@@ -2,15 +2,25 @@
 
 Three networks (design section 3):
 
-* multiplicity head ``4 -> 64 -> 128 -> 64 -> 1`` (ELU) predicts m = log10(N + 1);
-  counts = round(max(10^m - 1, 0)), capped at ``ModelConfig.max_generated_muons``;
+* multiplicity head ``4 -> 64 -> 128 -> 64 -> 1`` (ELU) predicts the mean m of
+  log10(N + 1). ``ModelConfig.multiplicity`` says how counts follow from it:
+  ``round`` (the original trainer's): counts = round(max(10^m - 1, 0)), deterministic
+  given the condition, so wherever the mean multiplicity is below 0.5 no muon is ever
+  made; ``lognormal`` (default): a second head of the same shape predicts log s, and
+  x ~ Normal(m, s) is drawn per event, counts = round(max(10^x - 1, 0)) (a discretised
+  log-normal in N + 1). Both heads are trained by the Gaussian negative log-likelihood
+  of the real log10(N + 1), whose mean part is the original MSE. Counts are capped at
+  ``ModelConfig.max_generated_muons``;
 * global network ``[z_global, condition, log10(N + 1)] -> context`` (LayerNorm, LeakyReLU
   0.2), one context per event;
 * local network ``[context of its event, z_local] -> 128 -> 64 -> F`` per muon.
 
-The global network is fed log10(N + 1) of the counts actually generated, so training
-with the real events' counts (teacher forcing) and sampling with the head's counts feed
-it the same quantity. Muons stay flat: (N, F) with counts (B,), event after event.
+Conditions enter every network standardised and the local network's output is
+un-standardised (:mod:`muongen.model.normaliser`; the radial representation's r is
+modelled in log space, so it comes out positive). The global network is fed
+log10(N + 1) of the counts actually generated, so training with the real events' counts
+(teacher forcing) and sampling with the head's counts feed it the same quantity. Muons
+stay flat: (N, F) with counts (B,), event after event.
 """
 
 from __future__ import annotations
@@ -19,11 +29,14 @@ import math
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from muongen import schema
 from muongen.config import ModelConfig
 from muongen.model.layers import leaky_relu, mlp
+from muongen.model.normaliser import Standardiser
+
+#: bounds of the predicted log standard deviation of log10(N + 1) (numerical safety)
+LOG_STD_MIN, LOG_STD_MAX = -7.0, 1.0
 
 
 def counts_from_log_mult(log_mult: torch.Tensor, max_muons: int = 0) -> torch.Tensor:
@@ -55,9 +68,10 @@ class Generator(nn.Module):
 
     Attributes:
         representation: ``"xy"`` (features [log E, x/500, y/500]) or ``"radial"``
-            ([log E, r/500], r >= 0 through a softplus; the azimuth is drawn uniformly by
-            :func:`muongen.schema.muon_physical`).
+            ([log E, r/500], r > 0 (modelled in log space); the azimuth is drawn uniformly
+            by :func:`muongen.schema.muon_physical`).
         n_features: F, the per-muon feature count of the representation.
+        multiplicity_mode: ``"lognormal"`` or ``"round"`` (see the module docstring).
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -67,8 +81,18 @@ class Generator(nn.Module):
         self.z_global = cfg.z_global
         self.z_local = cfg.z_local
         self.max_muons = cfg.max_generated_muons
+        self.multiplicity_mode = cfg.multiplicity
         nc = schema.N_CONDITION
+        self.cond_norm = Standardiser(nc)
+        self.muon_norm = Standardiser(
+            self.n_features, log_features=(1,) if cfg.representation == "radial" else ()
+        )
         self.multiplicity = mlp(nc, cfg.mult_hidden, 1, activation=nn.ELU)
+        self.multiplicity_spread = None
+        if cfg.multiplicity == "lognormal":
+            self.multiplicity_spread = mlp(nc, cfg.mult_hidden, 1, activation=nn.ELU)
+            with torch.no_grad():  # start near a spread of 0.4 dex, not 1
+                self.multiplicity_spread[-1].bias.fill_(-1.0)
         self.global_net = mlp(
             cfg.z_global + nc + 1,
             [cfg.context, cfg.context],
@@ -81,8 +105,29 @@ class Generator(nn.Module):
         )
 
     def log_multiplicity(self, cond: torch.Tensor) -> torch.Tensor:
-        """(B, 4) condition features -> (B,) predicted log10(N + 1)."""
-        return self.multiplicity(cond).squeeze(-1)
+        """(B, 4) condition features -> (B,) predicted mean of log10(N + 1)."""
+        return self.multiplicity(self.cond_norm(cond)).squeeze(-1)
+
+    def multiplicity_params(self, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B, 4) condition features -> mean (B,) and log std (B,) of log10(N + 1).
+
+        The log std is None in ``round`` mode (no spread: the mean is rounded).
+        """
+        c = self.cond_norm(cond)
+        mean = self.multiplicity(c).squeeze(-1)
+        if self.multiplicity_spread is None:
+            return mean, None
+        log_std = self.multiplicity_spread(c).squeeze(-1).clamp(LOG_STD_MIN, LOG_STD_MAX)
+        return mean, log_std
+
+    def sample_log_multiplicity(
+        self, cond: torch.Tensor, *, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        """(B,) log10(N + 1) per event: the mean (round) or a draw from Normal(m, s)."""
+        mean, log_std = self.multiplicity_params(cond)
+        if log_std is None:
+            return mean
+        return mean + torch.exp(log_std) * _noise(tuple(mean.shape), mean, generator)
 
     def forward(
         self, cond: torch.Tensor, *, generator: torch.Generator | None = None
@@ -94,10 +139,12 @@ class Generator(nn.Module):
             generator: optional RNG for the noise (else the global one).
 
         Returns:
-            muons (N, F) features, counts (B,) int64 (N = counts.sum()), log_mult (B,).
-            Sizing the output reads N on the host: one synchronisation per call.
+            muons (N, F) features, counts (B,) int64 (N = counts.sum()), log_mult (B,)
+            the log10(N + 1) the counts were rounded from (in ``lognormal`` mode the
+            drawn value, in ``round`` mode the predicted mean). Sizing the output reads N
+            on the host: one synchronisation per call.
         """
-        log_mult = self.log_multiplicity(cond)
+        log_mult = self.sample_log_multiplicity(cond, generator=generator)
         counts = counts_from_log_mult(log_mult, self.max_muons)
         muons = self.generate_with_counts(cond, counts, generator=generator)
         return muons, counts, log_mult
@@ -127,11 +174,9 @@ class Generator(nn.Module):
         b = cond.shape[0]
         log_n = torch.log10(counts.to(cond.dtype) + 1.0).unsqueeze(-1)  # (B, 1)
         z = _noise((b, self.z_global), cond, generator)
-        context = self.global_net(torch.cat([z, cond, log_n], dim=-1))  # (B, C)
+        c = self.cond_norm(cond)
+        context = self.global_net(torch.cat([z, c, log_n], dim=-1))  # (B, C)
         per_muon = torch.repeat_interleave(context, counts, dim=0, output_size=n_muons)  # (N, C)
         z_local = _noise((n_muons, self.z_local), per_muon, generator)
-        out = self.local_net(torch.cat([per_muon, z_local], dim=-1))  # (N, F)
-        if self.representation == "radial":
-            # r / 500 m must be >= 0; log E stays unconstrained
-            out = torch.cat([out[:, :1], F.softplus(out[:, 1:])], dim=-1)
-        return out
+        out = self.local_net(torch.cat([per_muon, z_local], dim=-1))  # (N, F) standardised
+        return self.muon_norm.inverse(out)  # radial: r = exp(...) > 0

@@ -24,6 +24,19 @@ def multiplicity_loss(log_mult: torch.Tensor, counts: torch.Tensor) -> torch.Ten
     return F.mse_loss(log_mult, target)
 
 
+def multiplicity_nll(
+    mean: torch.Tensor, log_std: torch.Tensor, counts: torch.Tensor
+) -> torch.Tensor:
+    """Gaussian negative log-likelihood of the real log10(N + 1) (B,) under Normal(mean,
+    exp(log_std)) (B,), per event and without the constant 0.5 log(2 pi).
+
+    Its gradient in ``mean`` is the MSE's divided by the variance: it fits the mean as the
+    MSE does and the spread on top.
+    """
+    target = torch.log10(counts.to(mean.dtype) + 1.0)
+    return (0.5 * ((target - mean) * torch.exp(-log_std)).pow(2) + log_std).mean()
+
+
 def w_gap(d_real: torch.Tensor, d_fake: torch.Tensor) -> torch.Tensor:
     """The Wasserstein-gap estimate mean D(real) - mean D(fake) (reported, not trained)."""
     return (d_real.mean() - d_fake.mean()).detach()

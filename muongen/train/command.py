@@ -94,7 +94,6 @@ def _has_cuda() -> bool:
 def publish_final(trainer, name: str) -> None:
     """Publish the run's final checkpoint under an immutable name."""
     from muongen.storage.publish import publish_checkpoint
-
     from muongen.train import checkpoint as ckpt
 
     latest = ckpt.find_latest(trainer.ckpt_dir)

@@ -34,7 +34,13 @@ from torch import nn
 from muongen.config import OptimConfig, TrainConfig
 from muongen.data.batch import RaggedBatch
 from muongen.errors import ConfigError
-from muongen.model.losses import critic_loss, generator_loss, multiplicity_loss, w_gap
+from muongen.model.losses import (
+    critic_loss,
+    generator_loss,
+    multiplicity_loss,
+    multiplicity_nll,
+    w_gap,
+)
 from muongen.model.penalty import gradient_penalty
 from muongen.train import checkpoint as ckpt
 
@@ -171,8 +177,9 @@ class GanStep:
         Returns:
             0-d tensors on the device: c_loss, w_gap and gp (means over this call's critic
             updates; gp over those that computed it, 0 when none did, unweighted by
-            lambda), g_loss, m_loss (the generator update's) and skipped (updates of this
-            call that were not applied).
+            lambda), g_loss, m_loss (the generator update's; m_loss is the multiplicity
+            MSE in ``round`` mode, the Gaussian NLL in ``lognormal`` mode) and skipped
+            (updates of this call that were not applied).
         """
         micro = [m for m in micro if m.n_events > 0]
         if not micro:
@@ -228,14 +235,17 @@ class GanStep:
                 d_real, d_fake = scores[:b], scores[b:]
             gp = torch.zeros((), device=self.device)
             if use_gp:
-                # fp16 has too little range for the double backward: GP in fp32 then
+                # fp16 has too little range for the double backward: GP in fp32 then.
+                # The penalty acts on standardised muons (Critic.score): a unit gradient
+                # norm per standardised feature, not per x / 500 m (see critic.py).
+                norm = self.critic.muon_norm
                 with self._autocast(enabled=self.amp_dtype is torch.bfloat16):
                     gp = self.penalty_fn(
-                        self.critic,
+                        self.critic.score,
                         mb.conditions,
-                        mb.muons,
+                        norm(mb.muons),
                         mb.counts,
-                        fake.to(mb.muons.dtype),
+                        norm(fake.to(mb.muons.dtype)),
                         fake_counts,
                         max_pairs=ocfg.gp_max_pairs,
                         fraction=ocfg.gp_fraction,
@@ -259,10 +269,13 @@ class GanStep:
             for mb, w in zip(micro, weights):
                 with self._autocast():
                     fake, fake_counts = self._fake(mb)
-                    log_mult = self.generator.log_multiplicity(mb.conditions).float()
+                    mean, log_std = self.generator.multiplicity_params(mb.conditions)
                     d_fake = self._critic_fwd(fake, mb.conditions, fake_counts).float()
                 g = generator_loss(d_fake)
-                m = multiplicity_loss(log_mult, mb.counts)
+                if log_std is None:  # model.multiplicity = round: the original's MSE
+                    m = multiplicity_loss(mean.float(), mb.counts)
+                else:
+                    m = multiplicity_nll(mean.float(), log_std.float(), mb.counts)
                 loss = g + self.optim_cfg.mult_weight * m
                 self._backward(loss * w)
                 g_sum = g_sum + g.detach() * w

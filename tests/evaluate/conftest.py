@@ -20,6 +20,7 @@ TINY_MODEL = [
     "model.local_hidden=[16]",
     "model.critic_muon_hidden=[8]",
     "model.critic_head_hidden=[8]",
+    "model.multiplicity=round",  # deterministic counts: the tiny model makes exactly 3
     "data.batch_events=256",
     "logging.val_events=600",
 ]

@@ -20,12 +20,21 @@ def _spread_head(generator, bias: float = 0.6, scale: float = 8.0) -> None:
         last.bias.fill_(bias)
 
 
-def test_counts_equal_the_heads_rounding():
+@pytest.mark.parametrize("mode", ["round", "lognormal"])
+def test_counts_equal_the_heads_rounding(mode):
+    """round: counts are the rounding of the predicted mean (the original's); lognormal:
+    the rounding of the log10(N + 1) drawn per event, which varies around the mean."""
     torch.manual_seed(0)
-    gen, _ = build_models(small_model_config())
+    gen, _ = build_models(small_model_config(multiplicity=mode))
     _spread_head(gen)
     cond = torch.randn(400, 4)
     muons, counts, log_mult = gen(cond)
+    mean, log_std = gen.multiplicity_params(cond)
+    if mode == "round":
+        assert log_std is None and torch.equal(log_mult, mean)
+    else:
+        z = ((log_mult - mean) / log_std.exp()).detach()
+        assert abs(float(z.mean())) < 0.2 and abs(float(z.std()) - 1.0) < 0.15
     m = log_mult.detach().double().numpy()
     expected = np.round(np.maximum(10.0**m - 1.0, 0.0)).astype(np.int64)
     expected = np.minimum(expected, gen.max_muons)

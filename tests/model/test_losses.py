@@ -7,7 +7,13 @@ import math
 import torch
 
 from muongen.model import build_models
-from muongen.model.losses import critic_loss, generator_loss, multiplicity_loss, w_gap
+from muongen.model.losses import (
+    critic_loss,
+    generator_loss,
+    multiplicity_loss,
+    multiplicity_nll,
+    w_gap,
+)
 from muongen.model.penalty import gradient_penalty
 
 from .conftest import small_model_config
@@ -25,6 +31,15 @@ def test_losses_known_values():
     assert math.isclose(m.item(), (1.0 + 1.0) / 2)
 
 
+def test_multiplicity_nll_known_values_and_minimum():
+    # log10(N + 1) = 0 and 1; a unit spread: 0.5 * mean squared error + log 1
+    m = multiplicity_nll(torch.tensor([0.0, 0.0]), torch.zeros(2), torch.tensor([0, 9]))
+    assert math.isclose(m.item(), 0.25, rel_tol=1e-6)
+    # N = 1 under Normal(0, 0.3): 0.5 * (log10(2) / 0.3)^2 + log 0.3
+    m = multiplicity_nll(torch.tensor([0.0]), torch.tensor([math.log(0.3)]), torch.tensor([1]))
+    assert math.isclose(m.item(), 0.5 * (math.log10(2) / 0.3) ** 2 + math.log(0.3), rel_tol=1e-5)
+
+
 def _missing_grads(module):
     return [n for n, p in module.named_parameters() if p.grad is None or not p.grad.any()]
 
@@ -37,7 +52,8 @@ def test_gradients_reach_every_parameter(ragged):
 
     fake = gen.generate_with_counts(cond, counts, real.shape[0])
     d = critic(torch.cat([real, fake]), torch.cat([cond, cond]), torch.cat([counts, counts]))
-    loss = generator_loss(d[16:]) + multiplicity_loss(gen.log_multiplicity(cond), counts)
+    mean, log_std = gen.multiplicity_params(cond)
+    loss = generator_loss(d[16:]) + multiplicity_nll(mean, log_std, counts)
     loss.backward()
     assert _missing_grads(gen) == []
 

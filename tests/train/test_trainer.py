@@ -65,7 +65,9 @@ def _wait_for(predicate, proc, timeout=120.0):
     t0 = time.monotonic()
     while not predicate():
         if proc.poll() is not None:
-            raise AssertionError(f"process ended early with {proc.returncode}: {proc.stderr.read()}")
+            raise AssertionError(
+                f"process ended early with {proc.returncode}: {proc.stderr.read()}"
+            )
         if time.monotonic() - t0 > timeout:
             proc.kill()
             raise AssertionError("timed out")
@@ -75,20 +77,30 @@ def _wait_for(predicate, proc, timeout=120.0):
 @pytest.mark.integration
 def test_sigkill_then_resume_equals_uninterrupted_run(tiny_data, tmp_path, cli_env):
     steps = 60
-    subprocess.run(_train_cmd(tiny_data, tmp_path / "a", steps), env=cli_env, check=True,
-                   capture_output=True)
+    subprocess.run(
+        _train_cmd(tiny_data, tmp_path / "a", steps), env=cli_env, check=True, capture_output=True
+    )
 
     b = tmp_path / "b"
-    proc = subprocess.Popen(_train_cmd(tiny_data, b, steps), env=cli_env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        _train_cmd(tiny_data, b, steps),
+        env=cli_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _wait_for(lambda: len(ckpt.list_checkpoints(b / "checkpoints")) >= 2, proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     killed_at = ckpt.read_manifest(ckpt.list_checkpoints(b / "checkpoints")[-1])["step"]
     assert killed_at < steps, "the run finished before it could be killed"
 
-    done = subprocess.run(_train_cmd(tiny_data, b, steps, "--resume", "auto"), env=cli_env,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        _train_cmd(tiny_data, b, steps, "--resume", "auto"),
+        env=cli_env,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     assert "resumed from" in done.stderr
 
@@ -101,7 +113,9 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tiny_data, tmp_path, cli_e
 def test_sigterm_checkpoints_and_exits(tiny_data, tmp_path, cli_env, exit_code):
     out = tmp_path / "run"
     cmd = _train_cmd(tiny_data, out, 100000, "--set", f"train.signal_exit_code={exit_code}")
-    proc = subprocess.Popen(cmd, env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd, env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     _wait_for(lambda: len(ckpt.list_checkpoints(out / "checkpoints")) >= 1, proc)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
@@ -118,7 +132,9 @@ def test_time_budget_exits_85_and_the_restart_loses_no_event(tiny_config, tmp_pa
     # A clock that advances one second per reading: the 7 s budget runs out after a few
     # steps, whatever the speed of the machine.
     ticks = iter(range(10**6))
-    fake_time = SimpleNamespace(monotonic=lambda: float(next(ticks)), perf_counter=time.perf_counter)
+    fake_time = SimpleNamespace(
+        monotonic=lambda: float(next(ticks)), perf_counter=time.perf_counter
+    )
     monkeypatch.setattr(trainer_module, "time", fake_time)
     t = Trainer(tiny_config(**epoch, train__time_budget_s=7), tmp_path / "r")
     assert t.train() == 85  # "checkpointed, restart me"
@@ -137,8 +153,16 @@ def test_tensorboard_has_the_scalars(tiny_config, tmp_path):
     t = Trainer(tiny_config(train__max_steps=20, logging__hist_every=10), tmp_path / "r")
     t.train()
     scalars = read_scalars(tmp_path / "r" / "tb")
-    for tag in ("loss/c_loss", "loss/g_loss", "loss/m_loss", "loss/w_gap", "loss/w_gap_ma",
-                "throughput/events_per_s", "throughput/muons_per_s", "lr/generator"):
+    for tag in (
+        "loss/c_loss",
+        "loss/g_loss",
+        "loss/m_loss",
+        "loss/w_gap",
+        "loss/w_gap_ma",
+        "throughput/events_per_s",
+        "throughput/muons_per_s",
+        "lr/generator",
+    ):
         assert tag in scalars, f"{tag} missing from {sorted(scalars)}"
     assert [s for s, _ in scalars["loss/c_loss"]] == [5, 10, 15, 20]
     assert all(np.isfinite(v) for _, v in scalars["loss/c_loss"])
@@ -169,8 +193,12 @@ def test_end_of_data_stops_after_max_epochs(tiny_config, tmp_path):
 
 
 def test_nonfinite_steps_roll_back_then_stop(tiny_config, tmp_path, monkeypatch):
-    t = Trainer(tiny_config(train__max_steps=1000, train__nonfinite_rollback_after=3,
-                            train__max_rollbacks=2), tmp_path / "r")
+    t = Trainer(
+        tiny_config(
+            train__max_steps=1000, train__nonfinite_rollback_after=3, train__max_rollbacks=2
+        ),
+        tmp_path / "r",
+    )
     real_step = t.step_fn.__class__.__call__
 
     def poisoned(self, micro):
@@ -198,10 +226,24 @@ def test_resume_refuses_a_model_of_another_shape(tiny_config, tmp_path):
 @pytest.mark.integration
 def test_ddp_two_processes_on_gloo(tiny_data, tmp_path, cli_env):
     out = tmp_path / "ddp"
-    sets = tiny_overrides(tiny_data, **{"train.max_steps": 0, "data.max_epochs": 1,
-                                        "checkpoint.every_steps": 10})
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--standalone", "-m", "muongen", "train", "--config", "demo", "--out", str(out)]
+    sets = tiny_overrides(
+        tiny_data, **{"train.max_steps": 0, "data.max_epochs": 1, "checkpoint.every_steps": 10}
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--standalone",
+        "-m",
+        "muongen",
+        "train",
+        "--config",
+        "demo",
+        "--out",
+        str(out),
+    ]
     cmd += [a for s in sets for a in ("--set", s)]
     done = subprocess.run(cmd, env=cli_env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -219,7 +261,9 @@ def test_ddp_two_processes_on_gloo(tiny_data, tmp_path, cli_env):
 def test_dataloader_workers_with_prefetch(tiny_config, tmp_path):
     """Worker processes each get their own Prefetcher (a live one cannot cross processes)."""
     t = Trainer(
-        tiny_config(train__max_steps=0, data__max_epochs=1, data__num_workers=2, storage__prefetch=2),
+        tiny_config(
+            train__max_steps=0, data__max_epochs=1, data__num_workers=2, storage__prefetch=2
+        ),
         tmp_path / "r",
     )
     assert t._prefetcher is None and t.stream.prefetcher_factory is not None
