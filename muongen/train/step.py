@@ -168,6 +168,12 @@ class GanStep:
 
     # ------------------------------------------------------------------ the step
 
+    #: Optional monitor.timing.StepTimer; the trainer sets it to split time per phase.
+    timer = None
+
+    def _phase(self, name: str):
+        return self.timer.phase(name) if self.timer is not None else contextlib.nullcontext()
+
     def __call__(self, micro: list[RaggedBatch]) -> dict[str, torch.Tensor]:
         """One generator step: n_critic critic updates then one generator update.
 
@@ -191,7 +197,8 @@ class GanStep:
         c_losses, gaps, gps, bads = [], [], [], []
         for _ in range(ocfg.n_critic):
             use_gp = ocfg.gp_lambda > 0 and self.critic_step_count % ocfg.gp_every == 0
-            c_loss, gap, gp, bad = self._critic_update(micro, weights, use_gp)
+            with self._phase("critic"):
+                c_loss, gap, gp, bad = self._critic_update(micro, weights, use_gp)
             c_losses.append(c_loss)
             gaps.append(gap)
             if use_gp:
@@ -201,7 +208,8 @@ class GanStep:
         skipped_c = torch.stack(bads).sum()
         self.skipped_critic += skipped_c
 
-        g_loss, m_loss, bad_g = self._generator_update(micro, weights)
+        with self._phase("generator"):
+            g_loss, m_loss, bad_g = self._generator_update(micro, weights)
         self.skipped_generator += bad_g
         self.generator_step_count += 1
         self.sched_g.step()

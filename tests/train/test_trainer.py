@@ -168,6 +168,8 @@ def test_tensorboard_has_the_scalars(tiny_config, tmp_path):
     assert all(np.isfinite(v) for _, v in scalars["loss/c_loss"])
     for phase in ("data_wait", "h2d", "critic", "generator"):  # the time split
         assert f"time/{phase}_frac" in scalars, phase
+    assert scalars["time/critic_frac"][-1][1] > 0.05  # the step's own phases are timed
+    assert scalars["time/generator_frac"][-1][1] > 0.01
     tags = read_tags(tmp_path / "r" / "tb")
     assert {"hist/real/log10_energy", "hist/gen/log10_energy", "hist/gen/log10_mult"} <= set(
         tags["histograms"]
