@@ -21,6 +21,7 @@ import torch
 
 from muongen import schema
 from muongen.data.batch import RaggedBatch
+from muongen.devices import resolve_device  # noqa: F401 (re-exported for callers)
 from muongen.errors import ConfigError
 
 GRID_KEYS = ("energy", "zenith", "mass", "depth")
@@ -31,25 +32,6 @@ FORMAT_NAMES = {
     "hdf5": schema.FORMAT_HDF5,
     **{f: f for f in schema.FORMATS},
 }
-
-
-def resolve_device(name: str = "auto") -> torch.device:
-    """``auto`` picks cuda, then mps, then cpu; anything else is passed to torch.device."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as exc:
-        raise ConfigError(
-            f"device {name!r} is not a torch device ({exc}); use auto, cpu, cuda"
-        ) from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {name!r} asked for but CUDA is not available; use --device cpu")
-    return device
 
 
 def _grid_error(spec: str, why: str) -> ConfigError:

@@ -28,6 +28,7 @@ from muongen import __version__, schema
 from muongen.config import Config
 from muongen.data.batch import RaggedBatch
 from muongen.data.report import REPORT_NAME
+from muongen.devices import resolve_device
 from muongen.errors import CheckpointError, TrainingError
 from muongen.train import checkpoint as ckpt
 from muongen.train import distributed as ddp
@@ -35,23 +36,6 @@ from muongen.train import distributed as ddp
 log = logging.getLogger(__name__)
 
 EXIT_DONE = 0
-
-
-def pick_device(name: str) -> torch.device:
-    """auto -> cuda, then mps, then cpu; an explicit device that is absent is an error."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise TrainingError(
-            "train.device=cuda but no CUDA device is visible; use --device cpu or auto"
-        )
-    if name == "mps" and not torch.backends.mps.is_available():
-        raise TrainingError("train.device=mps but MPS is not available; use --device cpu or auto")
-    return torch.device(name)
 
 
 def seed_everything(seed: int) -> None:
@@ -117,7 +101,7 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.dist = dist or ddp.DistInfo()
         self.range_name = range_name
-        self.device = pick_device(cfg.train.device)
+        self.device = resolve_device(cfg.train.device)
         self.ckpt_dir = Path(cfg.checkpoint.dir or self.run_dir / "checkpoints")
         self.tb_dir = Path(cfg.logging.tb_dir or self.run_dir / "tb")
         if cfg.train.deterministic:
