@@ -38,7 +38,11 @@ log = logging.getLogger(__name__)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", required=True, help="checkpoint .pt or its .json manifest")
+    parser.add_argument(
+        "--checkpoint",
+        required=True,
+        help="checkpoint .pt, its .json manifest, or a checkpoint folder (newest valid)",
+    )
     parser.add_argument(
         "--data",
         required=True,
@@ -177,10 +181,11 @@ def write_outputs(
 
 
 def _checkpoint_meta(path: str) -> dict[str, Any]:
-    from muongen.train.checkpoint import manifest_for, read_manifest
+    from muongen.train.checkpoint import read_manifest, resolve
 
-    meta = read_manifest(manifest_for(path))
-    return {"checkpoint": str(path), "step": meta.get("step"), "range": meta.get("range")}
+    manifest = resolve(path)
+    meta = read_manifest(manifest)
+    return {"checkpoint": str(manifest), "step": meta.get("step"), "range": meta.get("range")}
 
 
 def run(args: argparse.Namespace) -> int:

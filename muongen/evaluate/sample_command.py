@@ -30,7 +30,11 @@ log = logging.getLogger(__name__)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", required=True, help="checkpoint .pt or its .json manifest")
+    parser.add_argument(
+        "--checkpoint",
+        required=True,
+        help="checkpoint .pt, its .json manifest, or a checkpoint folder (newest valid)",
+    )
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument(
         "--primaries",

@@ -300,8 +300,21 @@ def optimizer_state(opt: torch.optim.Optimizer) -> dict[str, Any]:
     return {"type": type(opt).__name__, "state": opt.state_dict()}
 
 
+def resolve(path: str | os.PathLike) -> Path:
+    """The manifest of a checkpoint given as its .pt, its .json, or a checkpoint folder
+    (then its newest checkpoint that passes the sha256 check)."""
+    path = Path(path)
+    if path.is_dir():
+        found = find_latest(path)
+        if found is None:
+            raise CheckpointError(f"no valid checkpoint (step-*.json with its .pt) in {path}")
+        return found
+    return manifest_for(path)
+
+
 def load_for_inference(path: str | os.PathLike, device: str | torch.device = "cpu"):
-    """Generator and config from a checkpoint, for sampling and evaluation.
+    """Generator and config from a checkpoint (.pt, .json or a checkpoint folder), for
+    sampling and evaluation.
 
     Returns:
         (generator in eval mode on ``device``, Config)
@@ -309,8 +322,9 @@ def load_for_inference(path: str | os.PathLike, device: str | torch.device = "cp
     from muongen.config import from_dict
     from muongen.model import build_models
 
-    payload = load(path)
+    manifest = resolve(path)
+    payload = load(manifest)
     cfg = from_dict(payload["config"])
     generator, _ = build_models(cfg.model)
-    load_module(generator, payload["generator"], "generator", manifest_for(path))
+    load_module(generator, payload["generator"], "generator", manifest)
     return generator.to(device).eval(), cfg

@@ -102,3 +102,13 @@ def test_optimizer_mismatch_resets_with_warning(caplog):
     adam3 = torch.optim.Adam(model.parameters())
     assert ckpt.load_optimizer(adam3, saved, "critic") is True
     assert adam3.state_dict()["state"][0]["step"] == 1
+
+
+def test_resolve_takes_a_folder_and_picks_the_newest_valid(tmp_path):
+    ckpt.save(_state(1), tmp_path, ckpt.STEP_NAME.format(1), step=1)
+    ckpt.save(_state(2), tmp_path, ckpt.STEP_NAME.format(2), step=2)
+    assert ckpt.resolve(tmp_path).name == "step-000000002.json"
+    assert ckpt.resolve(tmp_path / "step-000000001.pt").name == "step-000000001.json"
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="no valid checkpoint"):
+        ckpt.resolve(tmp_path / "empty")
