@@ -272,3 +272,32 @@ def test_dataloader_workers_with_prefetch(tiny_config, tmp_path):
     assert t.train() == 0
     keys = audit_keys(tmp_path / "r")
     assert len(keys) == len(np.unique(keys)) == t.stream.stats["events"]
+
+
+def test_profile_steps_print_top_operators_and_write_a_trace(tiny_config, tmp_path, capsys):
+    t = Trainer(tiny_config(train__max_steps=6), tmp_path / "r")
+    assert t.train(profile_steps=2) == 0
+    assert list((tmp_path / "r" / "profile").glob("*.json")), "no Chrome trace written"
+    out = capsys.readouterr()
+    assert "Self CPU" in out.out + out.err  # the operator table
+    assert t.step == 6  # profiled steps count as training steps
+
+
+def test_periodic_validation_reaches_tensorboard(tiny_config, tiny_data, tmp_path):
+    from muongen.monitor.tensorboard import read_scalars, read_tags
+
+    held_out = sorted(tiny_data.glob("*.parquet"))[-1]
+    t = Trainer(
+        tiny_config(
+            train__max_steps=10,
+            data__val_paths=f"[{held_out}]",
+            logging__val_every=5,
+            logging__val_events=400,
+        ),
+        tmp_path / "r",
+    )
+    t.train()
+    val = {k: v for k, v in read_scalars(tmp_path / "r" / "tb").items() if k.startswith("val/")}
+    assert val, "no validation scalars"
+    assert all(steps == [5, 10] for steps in ([s for s, _ in v] for v in val.values()))
+    assert any(tag.startswith("val/") for tag in read_tags(tmp_path / "r" / "tb")["images"])
