@@ -89,6 +89,16 @@ class ModelConfig:
     multiplicity: Literal["lognormal", "round"] = "lognormal"
     """Counts from the head: lognormal = draw log10(N + 1) ~ Normal(mean, std) per event
     and round (mean and std trained by Gaussian NLL); round = round the mean (the original)."""
+    lateral_transform: Literal["linear", "asinh"] = "linear"
+    """xy representation: the models see x and y standardised linearly, or as
+    asinh(x / s) with s the fitted median |x| (linear core, logarithmic heavy tails)."""
+    lateral_centred: bool = True
+    """xy representation: fix the standardiser's x and y mean at 0 (the azimuth is uniform)
+    instead of fitting it, so the generator has no location to wander to."""
+    lateral_rotate: bool = False
+    """xy representation: turn each generated bundle by a uniform random azimuth (x and y
+    then have mean 0 and one marginal by construction, as the physics has). Off: on the
+    3000-step demo it fixed the x/y offset but the radii came out wider (one seed)."""
 
 
 @dataclass

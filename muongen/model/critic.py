@@ -21,7 +21,7 @@ from torch import nn
 from muongen import schema
 from muongen.config import ModelConfig
 from muongen.model.layers import leaky_relu, mlp
-from muongen.model.normaliser import Standardiser
+from muongen.model.normaliser import Standardiser, muon_standardiser
 
 
 def event_index_of(counts: torch.Tensor, n_muons: int) -> torch.Tensor:
@@ -39,9 +39,7 @@ class Critic(nn.Module):
         self.pooling = cfg.pooling
         nc = schema.N_CONDITION
         self.cond_norm = Standardiser(nc)
-        self.muon_norm = Standardiser(
-            self.n_features, log_features=(1,) if cfg.representation == "radial" else ()
-        )
+        self.muon_norm = muon_standardiser(cfg)
         width = cfg.critic_muon_hidden[-1]
         self.muon_net = mlp(
             self.n_features + nc,

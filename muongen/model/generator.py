@@ -17,7 +17,10 @@ Three networks (design section 3):
 
 Conditions enter every network standardised and the local network's output is
 un-standardised (:mod:`muongen.model.normaliser`; the radial representation's r is
-modelled in log space, so it comes out positive). The global network is fed
+modelled in log space, so it comes out positive). In the xy representation each event's
+bundle is then turned by a uniform random azimuth (``ModelConfig.lateral_rotate``): the
+conditions carry no azimuth, so this symmetry is exact, and x and y get mean 0 and a
+common marginal by construction instead of by training. The global network is fed
 log10(N + 1) of the counts actually generated, so training with the real events' counts
 (teacher forcing) and sampling with the head's counts feed it the same quantity. Muons
 stay flat: (N, F) with counts (B,), event after event.
@@ -33,7 +36,7 @@ from torch import nn
 from muongen import schema
 from muongen.config import ModelConfig
 from muongen.model.layers import leaky_relu, mlp
-from muongen.model.normaliser import Standardiser
+from muongen.model.normaliser import Standardiser, muon_standardiser
 
 #: bounds of the predicted log standard deviation of log10(N + 1) (numerical safety)
 LOG_STD_MIN, LOG_STD_MAX = -7.0, 1.0
@@ -82,11 +85,10 @@ class Generator(nn.Module):
         self.z_local = cfg.z_local
         self.max_muons = cfg.max_generated_muons
         self.multiplicity_mode = cfg.multiplicity
+        self.rotate = cfg.representation == "xy" and cfg.lateral_rotate
         nc = schema.N_CONDITION
         self.cond_norm = Standardiser(nc)
-        self.muon_norm = Standardiser(
-            self.n_features, log_features=(1,) if cfg.representation == "radial" else ()
-        )
+        self.muon_norm = muon_standardiser(cfg)
         self.multiplicity = mlp(nc, cfg.mult_hidden, 1, activation=nn.ELU)
         self.multiplicity_spread = None
         if cfg.multiplicity == "lognormal":
@@ -179,4 +181,16 @@ class Generator(nn.Module):
         per_muon = torch.repeat_interleave(context, counts, dim=0, output_size=n_muons)  # (N, C)
         z_local = _noise((n_muons, self.z_local), per_muon, generator)
         out = self.local_net(torch.cat([per_muon, z_local], dim=-1))  # (N, F) standardised
-        return self.muon_norm.inverse(out)  # radial: r = exp(...) > 0
+        muons = self.muon_norm.inverse(out)  # radial: r = exp(...) > 0
+        if not self.rotate:
+            return muons
+        # the azimuth is uniform: turn each event's bundle rigidly by a random angle, so
+        # x and y have mean 0 and the same marginal by construction (no drift to learn)
+        if generator is None:  # as in _noise: torch.compile traces this overload only
+            u = torch.rand((b,), device=muons.device, dtype=muons.dtype)
+        else:
+            u = torch.rand((b,), generator=generator, device=muons.device, dtype=muons.dtype)
+        angle = torch.repeat_interleave(2 * torch.pi * u, counts, output_size=n_muons)
+        cos, sin = torch.cos(angle), torch.sin(angle)
+        x, y = muons[:, 1], muons[:, 2]
+        return torch.stack([muons[:, 0], cos * x - sin * y, sin * x + cos * y], dim=1)

@@ -43,10 +43,84 @@ def test_fit_normalisers_shares_stats_and_travels_in_the_state_dict(ragged):
     assert normalisers_fitted(gen) and normalisers_fitted(critic)
     torch.testing.assert_close(gen.muon_norm.std, critic.muon_norm.std)
     torch.testing.assert_close(gen.cond_norm.mean, (cond * 3 + 1).mean(0))
-    # the critic sees standardised muons; the generator's output is un-standardised
-    torch.testing.assert_close(critic.muon_norm(batch.muons).std(0, correction=0), torch.ones(3))
+    # the critic sees standardised muons (x, y centred at 0: unit root mean square)
+    z = critic.muon_norm(batch.muons)
+    torch.testing.assert_close(z.square().mean(0)[1:], torch.ones(2))
+    torch.testing.assert_close(z[:, 0].std(correction=0), torch.tensor(1.0))
 
     fresh, _ = build_models(cfg)
     fresh.load_state_dict(gen.state_dict())  # strict: the buffers are in the state_dict
     assert normalisers_fitted(fresh)
     torch.testing.assert_close(fresh.muon_norm.mean, gen.muon_norm.mean)
+    torch.testing.assert_close(fresh.muon_norm.scale, gen.muon_norm.scale)
+
+
+def _heavy_tailed_lateral(n: int = 4000, seed: int = 0) -> torch.Tensor:
+    """[log E, x, y] with Laplace-like x and y (heavy tails, as muon bundles have)."""
+    gen = torch.Generator().manual_seed(seed)
+    log_e = torch.randn(n, generator=gen, dtype=torch.float64)
+    r = -0.01 * torch.log(torch.rand(n, generator=gen, dtype=torch.float64))  # exp tail
+    phi = 2 * torch.pi * torch.rand(n, generator=gen, dtype=torch.float64)
+    return torch.stack([log_e, r * torch.cos(phi), r * torch.sin(phi)], dim=1)
+
+
+def test_asinh_centred_round_trip_and_fitted_stats():
+    x = _heavy_tailed_lateral()
+    norm = Standardiser(3, asinh_features=(1, 2), centred_features=(1, 2)).double()
+    norm.fit(x)
+    torch.testing.assert_close(norm.scale[1:], x[:, 1:].abs().median(0).values)
+    assert norm.mean[1:].tolist() == [0.0, 0.0]  # fixed, not fitted
+    z = norm(x)
+    torch.testing.assert_close(z.square().mean(0)[1:], torch.ones(2, dtype=torch.float64))
+    torch.testing.assert_close(z[:, 0].mean(), torch.tensor(0.0, dtype=torch.float64))
+    torch.testing.assert_close(norm.inverse(z), x)  # exact round trip, tails included
+    # asinh compresses the tails: the standardised max is a few units, not tens
+    assert z[:, 1:].abs().max() < 4 < (x[:, 1:].abs().max() / x[:, 1:].std())
+    # a runaway generator output is clamped short of sinh overflow, sign kept
+    far = norm.inverse(torch.tensor([[0.0, 1e4, -1e4]], dtype=torch.float64))
+    assert torch.isfinite(far).all() and far[0, 1] > 0 > far[0, 2]
+    assert far[0, 1] < 20 * x[:, 1].abs().max()
+
+
+def test_unfitted_asinh_is_invertible_and_float32_safe():
+    norm = Standardiser(3, asinh_features=(1, 2))
+    x = torch.tensor([[0.5, -1e-3, 2.0], [1.0, 0.3, -40.0]])
+    torch.testing.assert_close(norm.inverse(norm(x)), x)
+    assert torch.isfinite(norm.inverse(torch.full((2, 3), 1e6))).all()
+
+
+def test_model_config_selects_the_lateral_treatment():
+    cfg = small_model_config()
+    gen, critic = build_models(cfg)
+    for model in (gen, critic):  # default: linear, centred
+        assert model.muon_norm.asinh_features == ()
+        assert model.muon_norm.centred_features == (1, 2)
+    cfg.lateral_transform, cfg.lateral_centred = "asinh", False
+    gen, critic = build_models(cfg)
+    assert gen.muon_norm.asinh_features == (1, 2) == critic.muon_norm.asinh_features
+    assert gen.muon_norm.centred_features == ()
+    cfg.representation = "radial"
+    gen, _ = build_models(cfg)
+    assert gen.muon_norm.log_features == (1,) and gen.muon_norm.asinh_features == ()
+
+
+def test_generator_rotates_each_bundle_rigidly():
+    """lateral_rotate turns every event's bundle by one random azimuth: per-muon radii
+    and energies are what the unrotated generator makes, x and y lose any offset."""
+    torch.manual_seed(0)
+    gen, _ = build_models(small_model_config(lateral_rotate=True))
+    plain, _ = build_models(small_model_config())  # default: no rotation
+    plain.load_state_dict(gen.state_dict())
+    with torch.no_grad():
+        gen.local_net[-1].bias[1:] += 0.5  # a location offset in x and y
+        plain.local_net[-1].bias[1:] += 0.5
+    cond = torch.randn(300, 4)
+    counts = torch.full((300,), 5)
+    rotated = gen.generate_with_counts(cond, counts, generator=torch.Generator().manual_seed(1))
+    fixed = plain.generate_with_counts(cond, counts, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(rotated[:, 0], fixed[:, 0])
+    torch.testing.assert_close(rotated[:, 1:].norm(dim=1), fixed[:, 1:].norm(dim=1))
+    # the same turn for all muons of one event: pairwise distances kept
+    d_rot = torch.cdist(rotated[:5, 1:], rotated[:5, 1:])
+    torch.testing.assert_close(d_rot, torch.cdist(fixed[:5, 1:], fixed[:5, 1:]))
+    assert fixed[:, 1:].mean(0).abs().min() > 5 * rotated[:, 1:].mean(0).abs().max()
