@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from pathlib import Path
 
 from muongen.errors import ConfigError
@@ -94,5 +95,14 @@ def run(args: argparse.Namespace) -> int:
     )
     write_sample(args.out, batch, fmt, seed=args.seed)
     print(speed.line())
+    cap = getattr(generator, "max_muons", 0)
+    capped = int((batch.counts >= cap).sum()) if cap else 0
+    if capped:
+        print(
+            f"warning: {capped:,} of {batch.n_events:,} bundles reached the generator's cap of "
+            f"{cap:,} muons (model.max_generated_muons) and were cut there; raise the cap in "
+            "the checkpoint's config if these bundles matter downstream",
+            file=sys.stderr,
+        )
     print(f"wrote {args.out} ({fmt}, {batch.n_events:,} events from {source})")
     return 0

@@ -139,3 +139,24 @@ def test_sample_cli_errors_are_user_errors(tmp_path, tiny_checkpoint, capsys):
         ]
     )
     assert code != 0 and "grid spec" in capsys.readouterr().err
+
+
+def test_sample_cli_warns_when_bundles_hit_the_generator_cap(tmp_path, capsys):
+    """A bundle cut at model.max_generated_muons is reported, never silently truncated."""
+    from muongen.config import load_config
+    from muongen.train import checkpoint
+
+    from .conftest import TINY_MODEL, _tiny_generator
+
+    cfg = load_config(None, [*TINY_MODEL, "model.max_generated_muons=2"])  # tiny makes ~3
+    saved = checkpoint.save(
+        {"config": cfg.to_dict(), "generator": _tiny_generator(cfg).state_dict()},
+        tmp_path,
+        "capped",
+        step=1,
+    )
+    grid = "energy=1e6,zenith=0.5,mass=4,depth=2000,count=10"
+    args = ["sample", "--checkpoint", str(saved.manifest), "--grid", grid]
+    assert main([*args, "--out", str(tmp_path / "g.parquet"), "--device", "cpu"]) == 0
+    err = capsys.readouterr().err
+    assert "10 of 10 bundles reached the generator's cap of 2 muons" in err
