@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import json
 import logging
 import math
@@ -28,6 +27,7 @@ from muongen import __version__, schema
 from muongen.config import Config
 from muongen.data.batch import RaggedBatch
 from muongen.data.report import REPORT_NAME
+from muongen.data.stream import files_digest
 from muongen.devices import resolve_device
 from muongen.errors import CheckpointError, TrainingError
 from muongen.train import checkpoint as ckpt
@@ -78,11 +78,6 @@ def make_prefetcher(scfg, scratch: str, rank: int, worker: int | None = None):
     )
 
 
-def fingerprint(files: list[str]) -> str:
-    """Identity of an input file list: a data cursor only applies to the same list."""
-    return hashlib.sha256("\n".join(files).encode()).hexdigest()[:16]
-
-
 class Trainer:
     """One training run (one process of it, under torchrun)."""
 
@@ -129,7 +124,7 @@ class Trainer:
         )
 
         self.files = self._input_files()
-        self.data_fingerprint = fingerprint(self.files)
+        self.data_fingerprint = files_digest(self.files)  # a cursor only fits the same list
         self._prefetcher = self._make_prefetcher()
         self.report, self.outliers = self._make_sinks()
         self.stream = self._make_stream()
@@ -148,6 +143,7 @@ class Trainer:
         self._last_good: Path | None = None
         self._audit_pending: list[torch.Tensor] = []
         self.unused_tail_events = 0
+        self.timer = None  # a monitor.timing.StepTimer while train() runs
         self._audit_path = self.run_dir / "audit" / f"rank{self.dist.rank}.i64"
 
     # ------------------------------------------------------------------ building
@@ -342,7 +338,7 @@ class Trainer:
                 log.info("no checkpoint in %s: starting fresh", self.ckpt_dir)
                 return None
         else:
-            found = ckpt.manifest_for(how)
+            found = ckpt.resolve(how)  # a .pt, its .json, or a folder (newest valid)
         payload = ckpt.load(found)
         self.load_state_dict(payload, source=found)
         self._last_good = found
@@ -386,15 +382,13 @@ class Trainer:
         )
 
     def _phase(self, name: str):
-        timer = getattr(self, "timer", None)
-        return timer.phase(name) if timer is not None else contextlib.nullcontext()
+        return self.timer.phase(name) if self.timer is not None else contextlib.nullcontext()
 
     def train_step(self, batch: RaggedBatch) -> dict[str, torch.Tensor]:
         """One generator step on a physical batch: microbatch, move, n critic + 1 G update."""
         with self._phase("h2d"):
             parts = batch.split_by_muons(self.cfg.data.max_muons_per_batch)
             micro = [self.to_features(m) for m in parts]
-        self.step_fn.timer = self.timer  # critic / generator / optimizer phases
         out = self.step_fn(micro)
         if self.cfg.logging.audit_events and batch.keys is not None:
             self._audit_pending.append(batch.keys.clone())
@@ -445,14 +439,13 @@ class Trainer:
             "muons": 0,
             "steps": 0,
             "t": time.monotonic(),
-            "wait": 0.0,
-            "work": 0.0,
         }
         exit_code = EXIT_DONE
         if not normalisers_fitted(self.generator):  # a fresh run; checkpoints carry them
             sample = read_events(self.files[0], max_events=max(cfg.data.batch_events, 20000))
             fit_normalisers(self.generator, self.critic, self.to_features(sample))
         self.timer = StepTimer(self.device)
+        self.step_fn.timer = self.timer  # the step times its critic / generator phases
         it = iter(self.stream)
         try:
             if profile_steps:
@@ -473,10 +466,8 @@ class Trainer:
                     why = "signal" if stop else f"time budget of {cfg.train.time_budget_s:.0f} s"
                     log.info("stopping after %s: checkpoint written, exit code %d", why, exit_code)
                     break
-                t0 = time.perf_counter()
                 with self.timer.phase("data_wait"):
                     batch = next(it, None)
-                t1 = time.perf_counter()
                 (exhausted,) = ddp.agree([int(batch is None)], self.dist, self.device)
                 if exhausted:
                     if batch is not None:  # another rank ran out first (uneven shards)
@@ -498,8 +489,6 @@ class Trainer:
                 window["events"] += batch.n_events
                 window["muons"] += batch.n_muons
                 window["steps"] += 1
-                window["wait"] += t1 - t0
-                window["work"] += time.perf_counter() - t1
 
                 if self.step % min(cfg.train.log_every, 10) == 0 or self.device.type == "cpu":
                     it = self._check_nonfinite(it)
@@ -590,18 +579,17 @@ class Trainer:
         self.w_gap_ma.update(m["w_gap"])
         now = time.monotonic()
         dt = max(now - window["t"], 1e-9)
-        busy = max(window["wait"] + window["work"], 1e-9)
         m.update(
             {
                 "w_gap_ma": self.w_gap_ma.value,
                 "batches_per_s": window["steps"] / dt,
                 "events_per_s": window["events"] / dt,
                 "muons_per_s": window["muons"] / dt,
-                "data_wait_frac": window["wait"] / busy,
+                **self.timer.snapshot(),  # time/<phase>_s and _frac since the last log
                 "health": classify(m["c_loss"]),
             }
         )
-        window.update(events=0, muons=0, steps=0, t=now, wait=0.0, work=0.0)
+        window.update(events=0, muons=0, steps=0, t=now)
         if not self.dist.is_main:
             return
         scalars = {
@@ -621,7 +609,7 @@ class Trainer:
         scalars.update(
             {f"data/{k}": v for k, v in self.stream.stats.items() if isinstance(v, (int, float))}
         )
-        scalars.update(self.timer.snapshot())
+        scalars.update({k: v for k, v in m.items() if k.startswith("time/")})
         if gpu:
             scalars.update(gpu.snapshot())
         tb.scalars(self.step, scalars)
