@@ -151,12 +151,13 @@ def run_local_chain(
     ``python -m muongen chain --node``), is retried with exponential back-off and jitter,
     and is recorded in ``<workdir>/chain-progress.json``; a re-run skips finished ranges.
     """
-    from submit.campaign import load_campaign
-    from submit.dag import node_arguments, plan_nodes
+    from muongen.train import checkpoint as ckpt
+    from submit.campaign import load_campaign, node_arguments, plan_nodes
+    from submit.errors import SubmitError
 
     try:
         campaign = load_campaign(campaign_file)
-    except Exception as exc:  # submit/ cannot import muongen, so it raises its own type
+    except SubmitError as exc:  # submit/ cannot import muongen, so it raises its own type
         raise CampaignError(str(exc)) from None
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -194,8 +195,7 @@ def run_local_chain(
                 log.info("%s checkpointed and asked to be restarted (exit 85)", name)
                 continue
             if code == 0:
-                manifest = scratch / f"{name}.json"
-                meta = json.loads(manifest.read_text())
+                meta = ckpt.read_manifest(scratch / f"{name}.json")
                 entry.update(status="done", step=meta["step"], sha256=meta["sha256"], exit_code=0)
                 _write_json(progress_path, progress)
                 break
@@ -215,9 +215,9 @@ def run_local_chain(
 
 
 def _write_json(path: Path, obj) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
+    from muongen.train.checkpoint import atomic_write
+
+    atomic_write(path, (json.dumps(obj, indent=2) + "\n").encode())
 
 
 # --------------------------------------------------------------------------- CLI

@@ -58,7 +58,7 @@ def sha256_file(path: str | os.PathLike, chunk: int = 8 << 20) -> str:
     return h.hexdigest()
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temp file in the same folder, fsync, rename."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -104,7 +104,7 @@ def save(
     digest = hashlib.sha256(data).hexdigest()
     pt = directory / f"{name}.pt"
     manifest = directory / f"{name}.json"
-    _atomic_write(pt, data)
+    atomic_write(pt, data)
     meta = {
         "name": name,
         "pt": pt.name,
@@ -116,7 +116,7 @@ def save(
         "muongen_version": __version__,
         "schema_version": schema.SCHEMA_VERSION,
     }
-    _atomic_write(manifest, (json.dumps(meta, indent=2) + "\n").encode())
+    atomic_write(manifest, (json.dumps(meta, indent=2) + "\n").encode())
     return Saved(pt, manifest, step, len(data), digest, time.perf_counter() - t0)
 
 
@@ -134,10 +134,10 @@ def copy_as(
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     dest = directory / f"{name}.pt"
-    _atomic_write(dest, pt.read_bytes())
+    atomic_write(dest, pt.read_bytes())
     meta = {**meta, "name": name, "pt": dest.name, "range": range_name or meta.get("range")}
     manifest = directory / f"{name}.json"
-    _atomic_write(manifest, (json.dumps(meta, indent=2) + "\n").encode())
+    atomic_write(manifest, (json.dumps(meta, indent=2) + "\n").encode())
     return Saved(
         dest, manifest, meta["step"], meta["size"], meta["sha256"], time.perf_counter() - t0
     )
