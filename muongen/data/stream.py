@@ -229,6 +229,18 @@ class EventStream:
         self.stats["muons"] += item.batch.n_muons
         return True
 
+    def _setup(self) -> dict[str, Any]:
+        """What a saved cursor is only valid for: it is stored with it and checked on load."""
+        return {
+            "world_size": self.world_size,
+            "rank": self.rank,
+            "num_workers": self.cfg.num_workers,
+            "seed": self.seed,
+            "n_files": len(self.files),
+            "files_sha1": files_digest(self.files),
+            "layout": _layout(self.cfg),
+        }
+
     def state_dict(self) -> dict[str, Any]:
         """Where the stream stands after the batches yielded so far (plain Python values).
 
@@ -238,13 +250,7 @@ class EventStream:
             self.outliers.flush()
         return {
             "version": STATE_VERSION,
-            "world_size": self.world_size,
-            "rank": self.rank,
-            "num_workers": self.cfg.num_workers,
-            "seed": self.seed,
-            "n_files": len(self.files),
-            "files_sha1": files_digest(self.files),
-            "layout": _layout(self.cfg),
+            **self._setup(),
             "cursors": [dict(c) for c in self._cursors],
             "next_worker": self._next_worker,
             "stats": dict(self.stats),
@@ -258,16 +264,7 @@ class EventStream:
                 f"data-stream state version {state.get('version')} is not {STATE_VERSION}; "
                 "this muongen cannot resume it (start the data stream afresh)"
             )
-        mine = {
-            "world_size": self.world_size,
-            "rank": self.rank,
-            "num_workers": self.cfg.num_workers,
-            "seed": self.seed,
-            "n_files": len(self.files),
-            "files_sha1": files_digest(self.files),
-            "layout": _layout(self.cfg),
-        }
-        for key, value in mine.items():
+        for key, value in self._setup().items():
             if state.get(key) != value:
                 raise ConfigError(
                     f"cannot resume the data stream: it was saved with {key}={state.get(key)!r} "
