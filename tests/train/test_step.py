@@ -14,22 +14,14 @@ from muongen.data.batch import RaggedBatch
 from muongen.model import build_models
 from muongen.train.step import GanStep, lr_factor
 
+from ..model.conftest import small_model_config
+
 KEYS = {"c_loss", "g_loss", "m_loss", "gp", "w_gap", "skipped"}
 
 
 def small_models(seed: int = 0, **changes):
     torch.manual_seed(seed)
-    base = dict(
-        z_global=8,
-        z_local=4,
-        context=32,
-        mult_hidden=[16, 16],
-        local_hidden=[32, 16],
-        critic_muon_hidden=[16, 32],
-        critic_head_hidden=[32, 16],
-    )
-    base.update(changes)
-    return build_models(ModelConfig(**base))
+    return build_models(small_model_config(**changes))
 
 
 def toy_batch(b: int, gen: torch.Generator) -> RaggedBatch:
