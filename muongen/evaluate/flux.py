@@ -106,8 +106,11 @@ class Generation:
             raise ConfigError(f"--showers must be at least the {len(self.masses)} mass groups")
         if not 0 < lo < hi:
             raise ConfigError(f"--energy {lo:g}:{hi:g} must satisfy 0 < min < max (GeV)")
-        if not 0 <= zlo < zhi <= 90:
-            raise ConfigError(f"--zenith {zlo:g}:{zhi:g} must satisfy 0 <= min < max <= 90 deg")
+        if not 0 <= zlo < zhi <= math.pi / 2 + 1e-12:
+            raise ConfigError(
+                f"--zenith {math.degrees(zlo):g}:{math.degrees(zhi):g} must satisfy "
+                "0 <= min < max <= 90 degrees (down-going showers)"
+            )
         if not self.masses or min(self.masses) < 1:
             raise ConfigError("--masses must be mass numbers A >= 1")
 
@@ -278,3 +281,27 @@ def write_info(path: str, info: dict[str, Any]) -> None:
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(info, fh, indent=2)
         fh.write("\n")
+
+
+def binned_rate(
+    weighter: FluxWeighter,
+    edges_gev: np.ndarray,
+    zenith_rad: tuple[float, float],
+    *,
+    area: str = "perpendicular",
+    points: int = 24,
+) -> np.ndarray:
+    """The model's rate in 1/(m^2 s) in each energy bin (Gauss-Legendre in ln E per bin,
+    summed over all the model's elements), for plots against a weighted sample."""
+    x, w = np.polynomial.legendre.leggauss(points)
+    if area == "perpendicular":
+        omega = solid_angle(zenith_rad)
+    else:
+        omega = math.pi * (math.sin(zenith_rad[1]) ** 2 - math.sin(zenith_rad[0]) ** 2)
+    lo, hi = np.log(edges_gev[:-1]), np.log(edges_gev[1:])
+    half = 0.5 * (hi - lo)
+    log_e = (0.5 * (hi + lo))[:, None] + half[:, None] * x[None, :]  # (bins, points)
+    energy = np.exp(log_e)
+    flux = sum(weighter.group_flux(g, energy.ravel()) for g in range(len(weighter.masses)))
+    integrand = (energy.ravel() * flux).reshape(energy.shape)
+    return omega * half * (integrand @ w)

@@ -381,3 +381,105 @@ def binned_ratios(result: dict[str, Any], metrics: tuple[str, ...] = KEY_METRICS
         ax.set_ylabel("metric / floor")
     axes[0].legend(fontsize=8, title="filled: model, open: baseline", title_fontsize=8)
     return fig
+
+
+@hep
+def weighted_energy_spectrum(
+    energy: np.ndarray,
+    weights: np.ndarray,
+    edges: np.ndarray,
+    model_rate: np.ndarray,
+    model_label: str,
+) -> Figure:
+    """Weighted primary energy spectrum E dR/dE of a sample against the flux model's
+    binned rate (same units, 1/(m^2 s)), with the sample / model ratio."""
+    import mplhep
+
+    fig = new_figure(7, 6.5)
+    ax, rax = ratio_axes(fig)
+    rate, err = weighted_hist(energy, edges, weights)
+    per_ln_e = np.log(edges[1:] / edges[:-1])
+    mplhep.histplot(
+        model_rate / per_ln_e,
+        edges,
+        histtype="step",
+        color="0.3",
+        lw=2,
+        ax=ax,
+        label=f"{model_label} (integral per bin)",
+        flow="none",
+    )
+    mplhep.histplot(
+        rate / per_ln_e,
+        edges,
+        yerr=err / per_ln_e,
+        histtype="errorbar",
+        color=COLORS[0],
+        ax=ax,
+        label=f"weighted sample ({len(energy):,} showers)",
+        flow="none",
+    )
+    draw_ratio(rax, edges, rate, err, model_rate, np.zeros_like(model_rate), COLORS[0])
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_ylabel(r"$E\,\mathrm{d}R/\mathrm{d}E$ [m$^{-2}$ s$^{-1}$]")
+    ax.legend()
+    rax.axhline(1.0, color="0.4", lw=0.8)
+    rax.set_ylim(0.8, 1.2)
+    rax.set_ylabel("sample / model")
+    rax.set_xlabel(r"primary energy $E$ [GeV]")
+    ax.set_xlim(edges[0], edges[-1])
+    return fig
+
+
+@hep
+def weighted_multiplicity(
+    counts: np.ndarray, weights: np.ndarray, depth_m: float, flux_label: str
+) -> Figure:
+    """Bundle multiplicity (N >= 1) at one depth: flux-weighted (a rate) against
+    unweighted (as generated), both normalised to unit sum for the shapes, with the
+    weighted / unweighted ratio."""
+    import mplhep
+
+    fig = new_figure(7, 6.5)
+    ax, rax = ratio_axes(fig)
+    sel = counts >= 1
+    n, w = counts[sel].astype(float), weights[sel]
+    top = max(float(n.max()) if n.size else 1.0, 2.0)
+    edges = np.unique(np.floor(np.geomspace(1, top + 1, 30))) - 0.5
+    edges = np.append(edges, top + 0.5) if edges[-1] < top + 0.5 else edges
+    wr, we = weighted_hist(n, edges, w)
+    ur, ue = weighted_hist(n, edges)
+    ws, us = max(wr.sum(), 1e-300), max(ur.sum(), 1)
+    mplhep.histplot(
+        wr / ws,
+        edges,
+        yerr=we / ws,
+        histtype="errorbar",
+        color=COLORS[0],
+        ax=ax,
+        flow="none",
+        label=f"{flux_label}-weighted: {w.sum():.3g} bundles m$^{{-2}}$ s$^{{-1}}$",
+    )
+    mplhep.histplot(
+        ur / us,
+        edges,
+        yerr=ue / us,
+        histtype="step",
+        color=COLORS[1],
+        lw=1.5,
+        ax=ax,
+        flow="none",
+        label=f"unweighted (as generated): {int(sel.sum()):,} bundles",
+    )
+    draw_ratio(rax, edges, wr / ws, we / ws, ur / us, ue / us, COLORS[0])
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_ylabel("fraction of bundles")
+    ax.legend(title=f"vertical depth {depth_m:g} m", fontsize=9, title_fontsize=10)
+    rax.axhline(1.0, color="0.4", lw=0.8)
+    rax.set_yscale("log")
+    rax.set_ylabel("weighted / unw.")
+    rax.set_xlabel(r"muons per bundle $N_\mu$")
+    ax.set_xlim(edges[0], edges[-1])
+    return fig
