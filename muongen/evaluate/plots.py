@@ -64,9 +64,18 @@ def hep(fn):
     return wrapper
 
 
+class HepFigure(Figure):
+    """A Figure that draws in mplhep's style wherever it is rendered (a PNG here, an image
+    for TensorBoard elsewhere): fonts and mathtext are resolved at draw time."""
+
+    def draw(self, renderer) -> None:
+        with matplotlib.rc_context(_style()):
+            super().draw(renderer)
+
+
 def new_figure(width: float, height: float) -> Figure:
     """A Figure drawn by the Agg canvas (never registered with pyplot)."""
-    fig = Figure(figsize=(width, height), layout="constrained")
+    fig = HepFigure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
     return fig
 
@@ -475,7 +484,7 @@ def weighted_multiplicity(
     draw_ratio(rax, edges, wr / ws, we / ws, ur / us, ue / us, COLORS[0])
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_ylabel("fraction of bundles")
+    ax.set_ylabel("fraction of bundles per bin")
     ax.legend(title=f"vertical depth {depth_m:g} m", fontsize=9, title_fontsize=10)
     rax.axhline(1.0, color="0.4", lw=0.8)
     rax.set_yscale("log")
