@@ -21,7 +21,8 @@
 #   CPU_IMAGE                     the base (Dockerfile default: python:3.11-slim)
 #   TORCH_FIND_LINKS=DIR          the CPU torch wheel from this folder (podman mounts it)
 #   CA_BUNDLE=FILE                mounted over the build's /etc/ssl/certs/ca-certificates.crt
-#                                 (podman; for a TLS-intercepting proxy or a private mirror)
+#                                 and given to pip as PIP_CERT (podman; for a TLS-intercepting
+#                                 proxy or a private mirror)
 #   PIP_INDEX_URL, PIP_EXTRA_INDEX_URL   passed to the build where set
 #   BUILD_FLAGS                   more flags for `build` (word-split)
 #   WORK=DIR                      where the bind-mounted folders go (default: a new temp dir,
@@ -106,7 +107,8 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
     step build "the CPU image from $repo"
     build=("$engine" build --build-arg VARIANT=cpu -t "$image")
     if [ "$engine" = podman ]; then
-        build+=(--network host)
+        # docker format keeps the HEALTHCHECK; host network as docker build has it
+        build+=(--format docker --network host)
     fi
     if [ -n "${CPU_IMAGE:-}" ]; then
         build+=(--build-arg "CPU_IMAGE=$CPU_IMAGE")
@@ -117,7 +119,8 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
     fi
     if [ -n "${CA_BUNDLE:-}" ]; then
         [ "$engine" = podman ] || fail "CA_BUNDLE needs podman (docker build cannot mount a file)"
-        build+=(--volume "$CA_BUNDLE:/etc/ssl/certs/ca-certificates.crt:ro")
+        build+=(--volume "$CA_BUNDLE:/etc/ssl/certs/ca-certificates.crt:ro"
+            --build-arg PIP_CERT=/etc/ssl/certs/ca-certificates.crt)
     fi
     for var in PIP_INDEX_URL PIP_EXTRA_INDEX_URL; do
         if [ -n "${!var:-}" ]; then
@@ -180,9 +183,8 @@ show "${run[@]}" "${user_flags[@]}" -v "$data:/data" "$image" \
 ls "$data/$range"
 ok
 
-# the demo preset's cosine schedule needs a length when a node trains to the end of its data
 node=(/opt/muongen/jobs/node.sh --range "$range" --data "/data/$range/*.parquet"
-    --preset demo --set optim.decay_steps=1000 --set train.log_every=2)
+    --preset demo --set train.log_every=2)
 node_mounts=(-v "$data:/data:ro" -v "$scratch:/scratch" -e _CONDOR_SCRATCH_DIR=/scratch
     -w /scratch)
 
