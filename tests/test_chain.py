@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
-from muongen.train import checkpoint as ckpt
+from muongen import checkpoint as ckpt
 
 pytestmark = pytest.mark.integration
 
