@@ -20,6 +20,7 @@ This module sits below ``train/``, ``storage/`` and ``evaluate/``: it imports ne
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import io
 import json
@@ -27,6 +28,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -113,6 +115,28 @@ def _manifest_bytes(meta: dict[str, Any]) -> bytes:
     return (json.dumps(meta, indent=2) + "\n").encode()
 
 
+def canonical(obj: Any) -> Any:
+    """A copy of the containers in ``obj`` in which equal strings are one object.
+
+    Pickle refers back to a string it has already written when it meets the same object
+    again, so the bytes of a state would depend on where its strings came from (a literal
+    in the code, or a string read back from an earlier checkpoint): a resumed run would
+    write other bytes for the same state. Interning every string makes them equal.
+    """
+    if type(obj) is str:
+        return sys.intern(obj)
+    if isinstance(obj, dict):
+        new = copy.copy(obj)  # keeps the type and attributes (a state_dict's _metadata)
+        new.clear()
+        new.update((canonical(k), canonical(v)) for k, v in obj.items())
+        if getattr(obj, "__dict__", None):
+            new.__dict__.update(canonical(vars(obj)))
+        return new
+    if type(obj) in (list, tuple):
+        return type(obj)(canonical(v) for v in obj)
+    return obj
+
+
 def save(
     state: dict[str, Any],
     directory: str | os.PathLike,
@@ -135,7 +159,7 @@ def save(
         **state,
     }
     buf = io.BytesIO()
-    torch.save(payload, buf)
+    torch.save(canonical(payload), buf)
     data = buf.getvalue()
     digest = hashlib.sha256(data).hexdigest()  # the one time these bytes are hashed
     pt, manifest = directory / f"{name}.pt", directory / f"{name}.json"
