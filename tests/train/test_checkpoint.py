@@ -119,3 +119,34 @@ def test_resolve_takes_a_folder_and_picks_the_newest_valid(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(CheckpointError, match="no valid checkpoint"):
         ckpt.resolve(tmp_path / "empty")
+
+
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        (bytes(range(256)), "not text"),
+        (b'{"step": 1,', "not valid JSON"),
+        (b'"a string"', "not an object"),
+        (b'{"pt": "a.pt"}', "lacks"),
+    ],
+)
+def test_a_manifest_of_garbage_is_one_clear_error(tmp_path, content, says):
+    ckpt.save(_state(1), tmp_path, ckpt.STEP_NAME.format(1), step=1)
+    bad = ckpt.save(_state(2), tmp_path, ckpt.STEP_NAME.format(2), step=2)
+    bad.manifest.write_bytes(content)
+    with pytest.raises(CheckpointError, match=says) as err:
+        ckpt.read_manifest(bad.manifest)
+    assert str(bad.manifest) in str(err.value) and "\n" not in str(err.value)
+    assert ckpt.find_latest(tmp_path).name == "step-000000001.json"  # skipped, not a crash
+
+
+def test_sample_with_a_garbage_manifest_prints_one_line(tmp_path, capsys):
+    from muongen import cli
+
+    bad = tmp_path / "step-000000001.json"
+    bad.write_bytes(b"\xff\xfe\x00garbage")
+    grid = "energy=1e6,zenith=0,mass=1,depth=1500,count=1"
+    argv = ["sample", "--checkpoint", str(bad), "--grid", grid, "--out", str(tmp_path / "o.h5")]
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and "not text" in err and "Traceback" not in err
