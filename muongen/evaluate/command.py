@@ -159,7 +159,7 @@ def make_figures(samples: dict[str, EventSample], result: dict[str, Any]) -> dic
     real = samples["real"]
     others = {k: v for k, v in samples.items() if k != "real"}
     return {
-        "features": plots.feature_histograms(real, others),
+        **plots.feature_figures(real, others),
         "multiplicity_vs_energy": plots.multiplicity_vs_energy(real, others),
         "by_depth": plots.by_depth(real, {"model": samples["model"]}),
         "binned_ratios": plots.binned_ratios(result),

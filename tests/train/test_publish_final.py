@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from muongen import checkpoint as ckpt
-from muongen.chain import RECEIPT_FILE, NodeSpec, run_node
+from muongen.chain import NodeSpec, run_node
 from muongen.train.trainer import Trainer
+from submit.constants import RECEIPT_FILE
 
 from .conftest import tiny_overrides
 
