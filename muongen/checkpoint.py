@@ -207,8 +207,9 @@ def publish_once(
                 )
             return Saved(pt, manifest, meta["step"], meta["size"], meta["sha256"])
     if pt.resolve() != source.pt.resolve():
+        for stale in directory.glob(f".{pt.name}.*.tmp"):  # a kill between link and rename
+            stale.unlink(missing_ok=True)
         tmp = directory / f".{pt.name}.{os.getpid()}.tmp"
-        tmp.unlink(missing_ok=True)
         try:
             os.link(source.pt, tmp)
         except OSError:  # another file system, or links not allowed

@@ -143,7 +143,7 @@ class Checkpointer:
 
     def check_writable(self) -> None:
         check_writable(
-            self.dir, "checkpoints into", "set checkpoint.dir (or --out) to a writable folder"
+            self.dir, "the checkpoint folder", "set checkpoint.dir (or --out) to a writable folder"
         )
 
     def due(self, step: int) -> tuple[bool, bool]:
