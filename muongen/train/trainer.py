@@ -385,6 +385,7 @@ class Trainer:
         finally:
             if own_stop:
                 stop.restore()
+                self.stop = None
             self._close()
         if main:
             log.info("checkpoints: %s", self.ckpt_dir)
