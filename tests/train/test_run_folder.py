@@ -67,8 +67,11 @@ def test_a_second_run_in_a_run_folder_is_refused(tiny_config, tmp_path, caplog):
     before = {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
     with pytest.raises(CheckpointError, match=r"already holds checkpoints.*--resume auto"):
         Trainer(tiny_config(train__max_steps=10), run).train()
+    Trainer(tiny_config(train__max_steps=5), tmp_path / "other").train()
     with pytest.raises(CheckpointError, match="would mix two runs"):
-        Trainer(tiny_config(train__max_steps=10), run).resume(str(tmp_path / "elsewhere.json"))
+        Trainer(tiny_config(train__max_steps=10), run).resume(
+            str(tmp_path / "other" / "checkpoints")
+        )
     assert {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()} == before
 
 
