@@ -62,6 +62,10 @@ class PhysicalGenerator(nn.Module):
 
     def __init__(self, generator: nn.Module) -> None:
         super().__init__()
+        for _ in range(3):  # an averaged (EMA) or wrapped copy: the generator inside
+            if hasattr(generator, "cond_norm"):
+                break
+            generator = getattr(generator, "module", None) or generator._orig_mod
         self.cond_norm = generator.cond_norm
         self.muon_norm = generator.muon_norm
         self.multiplicity = generator.multiplicity
@@ -187,10 +191,12 @@ def sampler_noise(
 def export_torchscript(module: PhysicalGenerator, path: str | os.PathLike) -> None:
     """Trace and save; the constants are stored as extra files beside the code."""
     module = module.eval()
-    with torch.no_grad():
+    # PyTorch calls TorchScript deprecated; libtorch still loads it, which is what it is for
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
         traced = torch.jit.trace(module, example_inputs(module), check_trace=False)
-    extra = {"muongen.json": json.dumps(module.metadata())}
-    torch.jit.save(traced, str(path), _extra_files=extra)
+        extra = {"muongen.json": json.dumps(module.metadata())}
+        torch.jit.save(traced, str(path), _extra_files=extra)
 
 
 def export_onnx(module: PhysicalGenerator, path: str | os.PathLike) -> None:
