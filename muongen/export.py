@@ -227,7 +227,7 @@ def export_onnx(module: PhysicalGenerator, path: str | os.PathLike) -> None:
 
 def export(checkpoint: str, fmt: str, out: str | os.PathLike) -> PhysicalGenerator:
     """Load a checkpoint for inference (EMA weights where present) and write ``out``."""
-    from muongen.train.checkpoint import load_for_inference
+    from muongen.checkpoint import load_for_inference
 
     if fmt not in FORMATS:
         raise ConfigError(f"unknown export format {fmt!r}; use {' or '.join(FORMATS)}")
