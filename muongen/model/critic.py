@@ -1,8 +1,9 @@
 """The critic: a set function over one event's muons and its condition -> a score.
 
 Per-muon network over [muon, condition of its event] (-64-128, LayerNorm, LeakyReLU),
-pooled per event with ``scatter_reduce`` (amax or mean; a symmetric function, so the
-score does not depend on the muons' order), then an event head over [pooled, condition].
+pooled per event (amax or mean over the event's contiguous rows,
+:mod:`muongen.model.pooling`; a symmetric function, so the score does not depend on the
+muons' order within an event), then an event head over [pooled, condition].
 
 Muon features and conditions are standardised first (:mod:`muongen.model.normaliser`,
 the generator's statistics); :meth:`Critic.score` takes muons already standardised, which
@@ -22,6 +23,7 @@ from muongen import schema
 from muongen.config import ModelConfig
 from muongen.model.layers import leaky_relu, mlp
 from muongen.model.normaliser import Standardiser, muon_standardiser
+from muongen.model.pooling import segment_max, segment_mean
 
 
 def event_index_of(counts: torch.Tensor, n_muons: int) -> torch.Tensor:
@@ -64,11 +66,12 @@ class Critic(nn.Module):
         """Score each event.
 
         Args:
-            muons: (N, F) muon features, event after event (any order within an event).
+            muons: (N, F) muon features grouped by event, event after event (any order
+                within an event).
             cond: (B, 4) condition features.
             counts: (B,) int64 muons per event, sum = N.
-            event_index: (N,) event of each muon when the caller has it; muons need then
-                not be grouped by event.
+            event_index: (N,) the event of each muon (``repeat_interleave`` of counts)
+                when the caller has it.
 
         Returns:
             (B,) scores.
@@ -83,14 +86,13 @@ class Critic(nn.Module):
         event_index: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Like :meth:`forward` but for standardised muons (N, F) (``muon_norm(muons)``)."""
-        b, n = cond.shape[0], muons.shape[0]
         if event_index is None:
-            event_index = event_index_of(counts, n)
+            event_index = event_index_of(counts, muons.shape[0])
         cond = self.cond_norm(cond)
-        h = self.muon_net(torch.cat([muons, cond[event_index]], dim=-1))  # (N, H)
-        index = event_index.unsqueeze(-1).expand_as(h)
-        pooled = h.new_zeros(b, h.shape[1]).scatter_reduce(
-            0, index, h, reduce=self.pooling, include_self=False
-        )  # (B, H); rows of empty events keep the zeros and are replaced below
+        h = self.muon_net(torch.cat([muons, cond.index_select(0, event_index)], dim=-1))  # (N, H)
+        if self.pooling == "amax":
+            pooled = segment_max(h, counts, event_index)  # (B, H)
+        else:
+            pooled = segment_mean(h, counts, event_index)
         pooled = torch.where((counts > 0).unsqueeze(-1), pooled, self.empty_fill.to(pooled.dtype))
         return self.head(torch.cat([pooled, cond.to(pooled.dtype)], dim=-1)).squeeze(-1)
