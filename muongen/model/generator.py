@@ -35,7 +35,7 @@ from torch import nn
 
 from muongen import schema
 from muongen.config import ModelConfig
-from muongen.model.layers import leaky_relu, mlp
+from muongen.model.layers import leaky_relu, mlp, split_linear
 from muongen.model.normaliser import Standardiser, muon_standardiser
 
 #: bounds of the predicted log standard deviation of log10(N + 1) (numerical safety)
@@ -186,15 +186,10 @@ class Generator(nn.Module):
         z = _noise((b, self.z_global), cond, generator)
         c = self.cond_norm(cond)
         context = self.global_net(torch.cat([z, c, log_n], dim=-1))  # (B, C)
-        # The local net's first layer on [context, z_local] split exactly: its context
-        # part once per event, its noise part per muon, so per-muon cost does not grow
-        # with the context width.
-        first = self.local_net[0]
-        width = context.shape[1]
-        per_event = nn.functional.linear(context, first.weight[:, :width], first.bias)  # (B, H)
-        per_muon = torch.repeat_interleave(per_event, counts, dim=0, output_size=n_muons)
-        z_local = _noise((n_muons, self.z_local), per_muon, generator)
-        hidden = torch.addmm(per_muon, z_local, first.weight[:, width:].t())  # (N, H)
+        # the local net's first layer on [context, z_local], split exactly: its context
+        # part once per event, its noise part per muon (per-muon cost independent of C)
+        z_local = _noise((n_muons, self.z_local), context, generator)
+        hidden = split_linear(self.local_net[0], context, z_local, counts)  # (N, H)
         out = self.local_net[1:](hidden)  # (N, F) standardised
         muons = self.muon_norm.inverse(out)  # radial: r = exp(...) > 0
         if not self.rotate:
