@@ -30,7 +30,7 @@ def _checkpoint(tmp_path_factory, overrides: list[str]):
     """A checkpoint of a small untrained generator whose multiplicity head says about
     5 muons per event (untrained weights would give none), written by the trainer's own
     checkpoint writer so that export loads it the way it loads a real one."""
-    from muongen.train import checkpoint
+    from muongen import checkpoint
 
     cfg = load_config(None, SMALL + overrides)
     torch.manual_seed(0)
@@ -54,7 +54,7 @@ def small_checkpoint(request, tmp_path_factory):
 
 
 def _loaded(checkpoint):
-    from muongen.train.checkpoint import load_for_inference
+    from muongen.checkpoint import load_for_inference
 
     generator, _ = load_for_inference(checkpoint, "cpu")
     return generator, PhysicalGenerator(generator).eval()

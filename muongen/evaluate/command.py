@@ -181,7 +181,7 @@ def write_outputs(
 
 
 def _checkpoint_meta(path: str) -> dict[str, Any]:
-    from muongen.train.checkpoint import read_manifest, resolve
+    from muongen.checkpoint import read_manifest, resolve
 
     manifest = resolve(path)
     meta = read_manifest(manifest)
@@ -189,7 +189,7 @@ def _checkpoint_meta(path: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from muongen.train.checkpoint import load_for_inference
+    from muongen.checkpoint import load_for_inference
 
     if args.events is not None and args.events < 4:
         raise ConfigError("--events must be >= 4")

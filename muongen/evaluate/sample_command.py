@@ -114,7 +114,7 @@ def output_format(out: str, fmt: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from muongen.train.checkpoint import load_for_inference
+    from muongen.checkpoint import load_for_inference
 
     if args.batch < 1 or args.seed < 0:
         raise ConfigError("--batch must be >= 1 and --seed >= 0")

@@ -66,8 +66,8 @@ def test_evaluate_and_sample_read_the_same_events_from_every_kind_of_input(pelic
 
 
 def test_sample_primaries_takes_a_pelican_pattern(pelican_federation, sim, tmp_path, capsys):
+    from muongen import checkpoint
     from muongen.model import build_models
-    from muongen.train import checkpoint
 
     cfg = load_config(None, SMALL)
     torch.manual_seed(0)
