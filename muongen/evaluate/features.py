@@ -5,7 +5,8 @@ muons [E GeV, x m, y m]) and ragged-aware: muons are flat, ``counts`` says how m
 to each event, nothing is padded.
 
 Per-muon observables (one value per muon): ``log10_energy`` (log10 E/GeV), ``radius`` (m),
-``x`` (m), ``y`` (m).
+``x`` (m), ``y`` (m), and ``bundle_size`` (the muon count N of its event, for the metrics
+within bundles of a given multiplicity).
 
 Per-event observables (one value per event, NaN where undefined): ``multiplicity``
 (log10(N + 1), defined for every event), ``log10_total_energy`` (log10 of the summed muon
@@ -20,6 +21,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 MUON_OBSERVABLES = ("log10_energy", "radius", "x", "y")
+BUNDLE_SIZE = "bundle_size"
 EVENT_OBSERVABLES = ("multiplicity", "log10_total_energy", "log10_leading_energy", "mean_radius")
 
 #: Condition variables events can be binned in: name -> function of conditions (B, 4).
@@ -133,7 +135,7 @@ class EventSample:
         return cls(
             conditions=np.asarray(conditions, dtype=np.float64).reshape(-1, 4),
             counts=counts,
-            muon=muon_observables(muons),
+            muon={**muon_observables(muons), BUNDLE_SIZE: np.repeat(counts, counts)},
             event=event_observables(muons, counts),
         )
 
