@@ -116,8 +116,9 @@ class MuonGrid:
 
     def __init__(self, edges: dict[str, np.ndarray], points: dict[str, np.ndarray]) -> None:
         self.edges = {k: np.asarray(e, dtype=np.float64) for k, e in edges.items()}
+        self._points = {k: np.asarray(p, dtype=np.float64) for k, p in points.items()}
         # W1 of two binned samples = sum over bins of |F_a - F_b| * (next point - point)
-        self._spacing = {k: np.diff(np.asarray(p, dtype=np.float64)) for k, p in points.items()}
+        self._spacing = {k: np.diff(p) for k, p in self._points.items()}
 
     @classmethod
     def from_samples(cls, samples: list[EventSample], n_bins: int = 1 << 16) -> MuonGrid:
@@ -154,13 +155,17 @@ class MuonGrid:
 
     def w1(self, obs: str, codes_a: np.ndarray, codes_b: np.ndarray) -> float:
         """W1 of two samples given as bin codes (n,), (m,) of observable ``obs``; NaN if
-        either is empty."""
+        either is empty. Few muons against many bins: sorting their bin positions is cheaper
+        than counting over every bin, and gives the same number."""
         if codes_a.size == 0 or codes_b.size == 0:
             return float("nan")
-        n = len(self.edges[obs]) - 1
-        fa = np.cumsum(np.bincount(codes_a, minlength=n)[:-1]) / codes_a.size
-        fb = np.cumsum(np.bincount(codes_b, minlength=n)[:-1]) / codes_b.size
-        return float(np.abs(fa - fb) @ self._spacing[obs])
+        points = self._points[obs]
+        if 4 * (codes_a.size + codes_b.size) < len(points):
+            return wasserstein_1d(points[codes_a], points[codes_b])
+        n = len(points)
+        diff = np.bincount(codes_a, minlength=n) / codes_a.size
+        diff -= np.bincount(codes_b, minlength=n) / codes_b.size
+        return float(np.abs(np.cumsum(diff[:-1])) @ self._spacing[obs])
 
 
 def gaussian_frechet(mu1: np.ndarray, cov1: np.ndarray, mu2: np.ndarray, cov2: np.ndarray) -> float:
