@@ -20,11 +20,15 @@ exponential back-off and a progress record, so a GPU workstation runs what the g
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
+import fcntl
 import json
 import logging
 import os
 import random
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -32,15 +36,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from muongen.errors import CampaignError, CheckpointError, MuongenError, StorageError
+from submit import constants as C  # the grid contract: file names and exit codes, one place
 
 HELP = "run one grid node (--node) or a campaign's whole chain on this machine (--local)"
 
 log = logging.getLogger(__name__)
-
-EXIT_RESTART_ME = 85  # HTCondor's checkpoint_exit_code convention
-EXIT_TRANSIENT = 75  # EX_TEMPFAIL: storage unreachable; the grid job is held, then released
-RECEIPT_FILE = "receipt.json"
-PROGRESS_FILE = "chain-progress.json"
 
 
 @dataclass
@@ -61,30 +61,76 @@ class NodeSpec:
 
 def run_node(spec: NodeSpec) -> int:
     """Train one range; returns the exit code (0 done, 85 restart me, other: failed)."""
-    from muongen.config import load_config
-    from muongen.train import checkpoint as ckpt
-    from muongen.train.command import publish_final
-    from muongen.train.trainer import Trainer
-
     scratch = Path(spec.scratch or os.environ.get("_CONDOR_SCRATCH_DIR") or os.getcwd())
-    run_dir = scratch / f"run-{spec.range_name}"
-    overrides = [
+    with node_lock(scratch):
+        return _run_node_locked(spec, scratch)
+
+
+def node_config(spec: NodeSpec, run_dir: Path):
+    """The node's config: the campaign's preset and overrides, with what a node must do
+    (train its range once, to the end; checkpoint and exit 85 on eviction or budget)."""
+    from muongen.config import load_config
+
+    forced = [
         f"data.paths=[{json.dumps(spec.data)}]",
         "data.max_epochs=1",
         "data.synth_if_missing=false",  # a node trains on its range's real files only
         "train.max_steps=0",
         f"train.time_budget_s={float(spec.self_checkpoint_s)}",
-        f"train.budget_exit_code={EXIT_RESTART_ME}",
+        f"train.budget_exit_code={C.EXIT_SELF_CHECKPOINT}",
         # evicted (SIGTERM): checkpoint, then ask to be restarted rather than report success
-        f"train.signal_exit_code={EXIT_RESTART_ME}",
+        f"train.signal_exit_code={C.EXIT_SELF_CHECKPOINT}",
         f"logging.tb_dir={json.dumps(str(run_dir / 'tb' / spec.range_name))}",
-        *spec.overrides,
     ]
     if spec.ckpt_dest:
-        overrides.append(f"storage.publish_url={json.dumps(spec.ckpt_dest)}")
+        forced.append(f"storage.publish_url={json.dumps(spec.ckpt_dest)}")
     if spec.tb_dest:
-        overrides.append(f"storage.tb_sync_url={json.dumps(spec.tb_dest)}")
-    cfg = load_config(spec.preset, overrides)
+        forced.append(f"storage.tb_sync_url={json.dumps(spec.tb_dest)}")
+    # train.max_steps has two meanings: where a run stops, and (with optim.decay_steps 0) the
+    # cosine schedule's horizon. A node stops at the end of its range instead (max_steps=0
+    # above), so the horizon the campaign configured is pinned first, as a count of steps
+    # over the whole chain (the step carries over from range to range).
+    wanted = load_config(spec.preset, spec.overrides)  # as `muongen train` would run it
+    pinned = []
+    if wanted.optim.schedule == "cosine" and not wanted.optim.decay_steps:
+        pinned.append(f"optim.decay_steps={wanted.train.max_steps}")
+    return load_config(spec.preset, [*forced, *pinned, *spec.overrides])
+
+
+@contextlib.contextmanager
+def node_lock(scratch: Path):
+    """Hold ``scratch``'s node lock: one node process at a time works in a scratch dir.
+
+    On the grid only one job of a node runs at a time. Here, a node left running after its
+    ``muongen chain --local`` was killed would otherwise share the run folder (checkpoints,
+    audit log) with the node of the re-run; the later one waits for the earlier to end. The
+    kernel drops the lock when its process dies, however it dies.
+    """
+    scratch.mkdir(parents=True, exist_ok=True)
+    path = scratch / C.NODE_LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.warning(
+                "another node process works in %s (an earlier attempt still running?): "
+                "waiting for it to end",
+                scratch,
+            )
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _run_node_locked(spec: NodeSpec, scratch: Path) -> int:
+    from muongen.train import checkpoint as ckpt
+    from muongen.train.command import publish_final
+    from muongen.train.trainer import Trainer
+
+    run_dir = scratch / C.RUN_DIR.format(range=spec.range_name)
+    cfg = node_config(spec, run_dir)
     trainer = Trainer(cfg, run_dir, range_name=spec.range_name)
 
     own = ckpt.find_latest(trainer.ckpt_dir)
@@ -108,7 +154,7 @@ def run_node(spec: NodeSpec) -> int:
         staged = ckpt.copy_as(latest, scratch, spec.range_name, range_name=spec.range_name)
         # receipt.json: a copy of the manifest that comes back to the access point, where
         # the POST script checks it when the checkpoint itself went to the OSDF.
-        (scratch / RECEIPT_FILE).write_bytes(staged.manifest.read_bytes())
+        (scratch / C.RECEIPT_FILE).write_bytes(staged.manifest.read_bytes())
         if spec.ckpt_dest:
             publish_final(trainer, spec.range_name)
     return code
@@ -148,8 +194,12 @@ def run_local_chain(
     """Run every node of a campaign in order on this machine (what DAGMan does on the grid).
 
     Each node runs as a subprocess (``node_command`` + its arguments; default
-    ``python -m muongen chain --node``), is retried with exponential back-off and jitter,
-    and is recorded in ``<workdir>/chain-progress.json``; a re-run skips finished ranges.
+    ``python -m muongen chain --node``) and is recorded in ``<workdir>/chain-progress.json``;
+    a re-run skips finished ranges. Exit codes mean what they mean to DAGMan: 85 restarts the
+    node at once, 2 (a user error) stops the chain with the node's message, anything else is
+    retried ``retries`` times (per invocation) with exponential back-off and jitter.
+    SIGTERM, SIGINT or SIGHUP is passed on to the running node as SIGTERM (it checkpoints
+    and exits 85); the chain then stops with 128 + the signal's number.
     """
     from muongen.train import checkpoint as ckpt
     from submit.campaign import load_campaign, node_arguments, plan_nodes
@@ -161,57 +211,153 @@ def run_local_chain(
         raise CampaignError(str(exc)) from None
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    progress_path = workdir / PROGRESS_FILE
+    progress_path = workdir / C.PROGRESS_FILE
     progress = json.loads(progress_path.read_text()) if progress_path.exists() else {}
     command = node_command or [sys.executable, "-m", "muongen", "chain", "--node"]
     nodes = plan_nodes(campaign)
-    for i, node in enumerate(nodes, 1):
-        name = node.range_name
-        if progress.get(name, {}).get("status") == "done":
-            log.info(
-                "[%d/%d] %s already done (step %s)", i, len(nodes), name, progress[name].get("step")
-            )
-            continue
-        scratch = workdir / name
-        scratch.mkdir(parents=True, exist_ok=True)
-        argv = [*command, *node_arguments(campaign, node)]
-        entry = progress.setdefault(name, {"attempts": 0})
-        while True:
-            entry["attempts"] += 1
-            entry["status"] = "running"
-            _write_json(progress_path, progress)
-            log.info(
-                "[%d/%d] %s attempt %d: %s",
-                i,
-                len(nodes),
-                name,
-                entry["attempts"],
-                shlex.join(argv),
-            )
-            env = {**os.environ, "_CONDOR_SCRATCH_DIR": str(scratch)}
-            code = subprocess.call(argv, cwd=scratch, env=env)
-            if code == EXIT_RESTART_ME:
-                entry["attempts"] -= 1  # a self-checkpoint restart is not a failure
-                log.info("%s checkpointed and asked to be restarted (exit 85)", name)
-                continue
-            if code == 0:
-                meta = ckpt.read_manifest(scratch / f"{name}.json")
-                entry.update(status="done", step=meta["step"], sha256=meta["sha256"], exit_code=0)
-                _write_json(progress_path, progress)
-                break
-            entry.update(status="failed", exit_code=code)
-            _write_json(progress_path, progress)
-            if entry["attempts"] > retries:
-                raise MuongenError(
-                    f"range {name} failed {entry['attempts']} times (last exit code {code}); "
-                    f"see {scratch}. Fix the cause and re-run the same command: finished ranges "
-                    f"are skipped ({progress_path})"
+    runner = _NodeRunner()
+    with runner.signals_passed_on():
+        for i, node in enumerate(nodes, 1):
+            name = node.range_name
+            if progress.get(name, {}).get("status") == "done":
+                log.info(
+                    "[%d/%d] %s already done (step %s)",
+                    i,
+                    len(nodes),
+                    name,
+                    progress[name].get("step"),
                 )
-            delay = backoff_s * 2 ** (entry["attempts"] - 1) * (1 + 0.25 * random.random())
-            log.warning("%s failed with exit code %d; retrying in %.1f s", name, code, delay)
-            time.sleep(delay)
+                continue
+            scratch = workdir / name
+            scratch.mkdir(parents=True, exist_ok=True)
+            argv = [*command, *node_arguments(campaign, node)]
+            entry = progress.setdefault(name, {"attempts": 0})
+            failures = 0  # this invocation's: a re-run after fixing the cause starts afresh
+            while True:
+                if runner.stopped:
+                    return _interrupted(runner.stopped, name, progress, progress_path)
+                entry["attempts"] += 1
+                entry["status"] = "running"
+                _write_json(progress_path, progress)
+                log.info(
+                    "[%d/%d] %s attempt %d: %s",
+                    i,
+                    len(nodes),
+                    name,
+                    entry["attempts"],
+                    shlex.join(argv),
+                )
+                env = {**os.environ, "_CONDOR_SCRATCH_DIR": str(scratch)}
+                code, message = runner.run(argv, scratch, env)
+                if code == C.EXIT_SELF_CHECKPOINT:
+                    entry["attempts"] -= 1  # a self-checkpoint restart is not a failure
+                    log.info(
+                        "%s checkpointed and asked to be restarted (exit %d)",
+                        name,
+                        C.EXIT_SELF_CHECKPOINT,
+                    )
+                    continue
+                if code == C.EXIT_DONE:
+                    meta = ckpt.read_manifest(scratch / f"{name}.json")
+                    entry.update(
+                        status="done", step=meta["step"], sha256=meta["sha256"], exit_code=0
+                    )
+                    _write_json(progress_path, progress)
+                    break
+                entry.update(status="failed", exit_code=code)
+                _write_json(progress_path, progress)
+                if runner.stopped:
+                    return _interrupted(runner.stopped, name, progress, progress_path)
+                if code == C.EXIT_USER_ERROR:
+                    raise MuongenError(
+                        f"range {name}: {message or 'the node reported a user error'} "
+                        f"(exit code {code}: not retried, a retry cannot fix it; fix the cause "
+                        "and re-run the same command, finished ranges are skipped)"
+                    )
+                failures += 1
+                if failures > retries:
+                    raise MuongenError(
+                        f"range {name} failed {failures} times (last exit code {code}"
+                        f"{': ' + message if message else ''}); see {scratch}. Fix the cause and "
+                        f"re-run the same command: finished ranges are skipped ({progress_path})"
+                    )
+                delay = backoff_s * 2 ** (failures - 1) * (1 + 0.25 * random.random())
+                log.warning("%s failed with exit code %d; retrying in %.1f s", name, code, delay)
+                runner.sleep(delay)
     log.info("chain complete: %d ranges; progress in %s", len(nodes), progress_path)
     return 0
+
+
+def _interrupted(signum: int, name: str, progress: dict, progress_path: Path) -> int:
+    progress[name]["status"] = "interrupted"
+    _write_json(progress_path, progress)
+    log.warning(
+        "stopped by %s while on range %s; re-run the same command to continue (finished "
+        "ranges are skipped, the node resumes from its checkpoint)",
+        signal.Signals(signum).name,
+        name,
+    )
+    return 128 + signum
+
+
+class _NodeRunner:
+    """Runs node processes one at a time, passing this process's stop signals on to them."""
+
+    STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.stopped = 0  # the stop signal received, 0 while none
+        self._proc: subprocess.Popen | None = None
+
+    @contextlib.contextmanager
+    def signals_passed_on(self):
+        def handler(signum, _frame):
+            self.stopped = self.stopped or signum
+            if self._proc is not None and self._proc.poll() is None:
+                self._proc.send_signal(signal.SIGTERM)  # an eviction: checkpoint, exit 85
+
+        old = {sig: signal.signal(sig, handler) for sig in self.STOP_SIGNALS}
+        try:
+            yield self
+        finally:
+            for sig, h in old.items():
+                signal.signal(sig, h)
+
+    def run(self, argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, str]:
+        """Run one node attempt to its end; returns (exit code, its last error line).
+
+        The node's stderr passes through to ours as it comes. It runs in a session of its
+        own, so a Ctrl-C reaches it once, through this process, as a SIGTERM.
+        """
+        last: collections.deque[str] = collections.deque(maxlen=50)
+        self._proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            text=True,
+            errors="replace",
+        )
+        if self.stopped:  # a signal came while it started
+            self._proc.send_signal(signal.SIGTERM)
+        try:
+            for line in self._proc.stderr:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+                last.append(line.rstrip("\n"))
+            code = self._proc.wait()
+        finally:
+            self._proc.stderr.close()
+            self._proc = None
+        errors = [line for line in last if ": error: " in line]
+        return code, (errors[-1].split(": error: ", 1)[1] if errors else "")
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep, but wake up at once on a stop signal."""
+        end = time.monotonic() + seconds
+        while not self.stopped and time.monotonic() < end:
+            time.sleep(min(0.1, end - time.monotonic()))
 
 
 def _write_json(path: Path, obj) -> None:
@@ -264,7 +410,7 @@ def run(args: argparse.Namespace) -> int:
             # Transient on the grid (an origin down, a cache hiccup): ask to be held and
             # released later rather than burning one of DAGMan's retries.
             print(f"muongen chain: storage error: {exc}", file=sys.stderr)
-            return EXIT_TRANSIENT
+            return C.EXIT_TRANSIENT
     if not args.local or not args.campaign_file:
         raise CampaignError(
             "give a campaign file and --local to run the chain here, or --node to run one node; "

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import yaml
 
 from muongen.errors import ConfigError
+from submit.constants import EXIT_SELF_CHECKPOINT
 
 
 @dataclass
@@ -167,7 +168,7 @@ class TrainConfig:
     """Stop the run after this many rollbacks."""
     time_budget_s: float = 0.0
     """Checkpoint and exit with budget_exit_code after this many seconds (0: off)."""
-    budget_exit_code: int = 85
+    budget_exit_code: int = EXIT_SELF_CHECKPOINT
     """Exit code after the time budget (85: HTCondor's 'checkpointed, restart me')."""
     signal_exit_code: int = 0
     """Exit code after a SIGTERM/SIGINT checkpoint."""
@@ -281,6 +282,13 @@ def validate(cfg: Config) -> None:
     for key, ok, why in checks:
         if not ok:
             raise ConfigError(f"config key {key} {why} (got {_get(cfg, key)!r})")
+    horizon = cfg.optim.decay_steps or cfg.train.max_steps
+    if cfg.optim.schedule == "cosine" and horizon <= cfg.optim.warmup_steps:
+        raise ConfigError(
+            "optim.schedule=cosine needs optim.decay_steps (or, when it is 0, train.max_steps) "
+            f"larger than optim.warmup_steps (got {horizon} <= {cfg.optim.warmup_steps}): set "
+            "optim.decay_steps to the number of generator steps the learning rate decays over"
+        )
 
 
 # --------------------------------------------------------------------------- loading
@@ -321,9 +329,10 @@ def _read_source(source: str) -> dict[str, Any]:
     path = Path(source)
     if path.suffix in (".yaml", ".yml") or path.exists():
         if not path.is_file():
-            raise ConfigError(f"config file {source} does not exist")
-        text = path.read_text()
+            what = "is a folder, not a file" if path.is_dir() else "does not exist"
+            raise ConfigError(f"config file {source} {what}")
         where = str(path)
+        text = _read_text(path)
     else:
         if source not in preset_names():
             raise ConfigError(
@@ -339,6 +348,27 @@ def _read_source(source: str) -> dict[str, Any]:
     if not isinstance(tree, dict):
         raise ConfigError(f"{where} must be a mapping of sections (data:, model:, ...)")
     return tree
+
+
+def _read_text(path: Path) -> str:
+    """A config file's text; a binary or unreadable file is a one-line ConfigError."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read ({exc.strerror})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {path} is not a YAML text file (byte {data[exc.start]:#04x} at "
+            f"offset {exc.start} is not UTF-8 text); give a preset name or a YAML config file"
+        ) from None
+    if "\x00" in text:
+        raise ConfigError(
+            f"config file {path} is not a YAML text file (it holds NUL bytes); give a preset "
+            "name or a YAML config file"
+        )
+    return text
 
 
 def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:

@@ -5,11 +5,13 @@ Every message says what was wrong, where (file, key, URL) and what to do about i
 
 from __future__ import annotations
 
+from submit.constants import EXIT_USER_ERROR
+
 
 class MuongenError(Exception):
     """Base class of every error a user can cause; the CLI exits non-zero with its message."""
 
-    exit_code: int = 2
+    exit_code: int = EXIT_USER_ERROR  # DAGMan does not retry it; neither does chain --local
 
 
 class ConfigError(MuongenError):

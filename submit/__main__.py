@@ -4,7 +4,8 @@ python -m submit plan CAMPAIGN              the nodes: range, input and output c
 python -m submit write CAMPAIGN [--out DIR] the DAG directory (default DIR: ./<name>)
 python -m submit submit CAMPAIGN [--out DIR]
                                             write if needed, then submit (or print the
-                                            condor_submit_dag command without a schedd);
+                                            condor_submit_dag command without a schedd,
+                                            and exit 3: nothing was submitted);
                                             after a failure it resumes the rescue DAG
 python -m submit status DIR                 the node status file, summarised
 """
@@ -92,7 +93,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
             print(f"note: {args.campaign} differs from {copy}; the rescue DAG runs as written")
     else:
         _write(args, campaign)
-    submit_dag(out, campaign.name, force=args.force)
+    if submit_dag(out, campaign.name, force=args.force).cluster is None:
+        print(
+            f"nothing was submitted (no HTCondor schedd reachable): {out} is written; run the "
+            "command above on the access point",
+            file=sys.stderr,
+        )
+        return C.EXIT_NOT_SUBMITTED
     return 0
 
 

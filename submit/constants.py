@@ -1,5 +1,9 @@
 """Every file name, directory name and magic number the grid workflow relies on.
 
+The one place for them: ``submit/`` (on the access point, no torch) and ``muongen`` (the
+node, ``muongen chain``, the exit codes of every verb) both import this module, which
+needs nothing but Python itself.
+
 A DAG directory written by ``python -m submit write`` looks like this (htmap style: one
 place to read what lives where)::
 
@@ -35,8 +39,17 @@ STATUS_UPDATE_S = 60  # minimum seconds between node status file updates
 # The node wrapper's side of the contract (jobs/node.sh -> muongen chain --node):
 RECEIPT_FILE = "receipt.json"  # a copy of <range>.json that comes back to the access point
 RUN_DIR = "run-{range}"  # all restartable state of a node; spooled on a self-checkpoint exit
+NODE_LOCK = ".muongen-node.lock"  # held by the node process: one node at a time per scratch dir
+PROGRESS_FILE = "chain-progress.json"  # muongen chain --local: the workdir's record of ranges
 
 # ----------------------------------------------------------------- exit codes
+# What a node (and every muongen verb) exits with, and what DAGMan / muongen chain --local
+# do about it: 0 done; 2 a user error no retry fixes (RETRY ... UNLESS-EXIT 2, and the local
+# chain stops at once); 85 checkpointed, restart me; 75 held and released later; anything
+# else (a crash, a signal, 3 = training diverged) is retried.
+EXIT_DONE = 0
+EXIT_USER_ERROR = 2  # muongen.errors.MuongenError.exit_code: a bad config, file or checkpoint
+EXIT_NOT_SUBMITTED = 3  # python -m submit submit: no schedd here, the command was printed
 EXIT_SELF_CHECKPOINT = 85  # checkpoint_exit_code: HTCondor spools RUN_DIR and restarts the job
 EXIT_TRANSIENT = 75  # EX_TEMPFAIL: storage unreachable; the job is held, then released later
 

@@ -81,6 +81,8 @@ def build_dag(campaign: Campaign):
             submit_description=htcondor2.Submit(node_description(campaign, node)),
             vars=[node_vars(campaign, node)],
             retries=campaign.dagman.retries,
+            # a user error (a bad config, file or checkpoint) fails the same way every time
+            retry_unless_exit=C.EXIT_USER_ERROR,
             post=dags.Script(C.POST_SCRIPT, arguments=post_script_arguments(campaign, node)),
             category=C.CATEGORY,
         )

@@ -15,7 +15,10 @@ import numpy as np
 import pytest
 import yaml
 
+from muongen.chain import NodeSpec, node_config
+from muongen.errors import ConfigError
 from muongen.train import checkpoint as ckpt
+from submit import constants as C
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +38,6 @@ TINY = [
     "model.critic_muon_hidden=[16]",
     "model.critic_head_hidden=[16]",
     "optim.n_critic=1",
-    "optim.schedule=constant",
     "optim.gp_max_pairs=64",
     "train.device=cpu",
     "train.log_every=5",
@@ -65,13 +67,13 @@ def range_data(tmp_path_factory) -> Path:
     return base
 
 
-def write_campaign(tmp_path: Path, base: Path) -> Path:
+def write_campaign(tmp_path: Path, base: Path, overrides: list[str] = TINY) -> Path:
     campaign = {
         "name": "test-chain",
         "federation": "local",
         "data": {"base": str(base), "glob": "*.parquet"},
         "ranges": {"start": 0, "end": 2, "step": 1000},
-        "training": {"preset": "demo", "overrides": TINY, "self_checkpoint_s": 0},
+        "training": {"preset": "demo", "overrides": overrides, "self_checkpoint_s": 0},
         "outputs": {
             "checkpoints": f"file://{tmp_path / 'store' / 'ckpt'}",
             "tensorboard": f"file://{tmp_path / 'store' / 'tb'}",
@@ -87,6 +89,57 @@ def write_campaign(tmp_path: Path, base: Path) -> Path:
 def env():
     """One thread per node process; the CPU is shared with the test runner."""
     return dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+
+
+def chain_command(campaign: Path, work: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "muongen",
+        "chain",
+        str(campaign),
+        "--local",
+        "--workdir",
+        str(work),
+        *extra,
+    ]
+
+
+def test_node_config_keeps_the_cosine_horizon_of_the_preset(tmp_path):
+    # The demo preset decays its cosine schedule over train.max_steps=3000; a node runs its
+    # range to the end (max_steps=0), so the horizon is pinned before the stop is lifted.
+    spec = NodeSpec(range_name=RANGES[0], data="d/*.parquet", preset="demo")
+    cfg = node_config(spec, tmp_path / "run")
+    assert cfg.train.max_steps == 0 and cfg.data.max_epochs == 1
+    assert cfg.optim.schedule == "cosine" and cfg.optim.decay_steps == 3000
+    assert cfg.train.signal_exit_code == cfg.train.budget_exit_code == C.EXIT_SELF_CHECKPOINT
+    spec.overrides = ["optim.decay_steps=50000"]  # the campaign's own horizon wins
+    assert node_config(spec, tmp_path / "run").optim.decay_steps == 50000
+    # a cosine schedule with no horizon at all is a one-line config error, at load time
+    spec.preset, spec.overrides = "production-a100", ["optim.schedule=cosine"]
+    with pytest.raises(ConfigError, match=r"optim\.decay_steps"):
+        node_config(spec, tmp_path / "run")
+
+
+def test_local_chain_stops_at_once_on_a_user_error(tmp_path, range_data, env):
+    campaign = write_campaign(tmp_path, range_data, [*TINY, "optim.n_critic=0"])
+    work = tmp_path / "work"
+    t0 = time.monotonic()
+    done = subprocess.run(
+        chain_command(campaign, work, "--backoff", "30"),  # a retry would take 30 s
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == C.EXIT_USER_ERROR, done.stderr[-3000:]
+    assert time.monotonic() - t0 < 30
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("muongen chain: error: range 0000000-0000999: config key ")
+    assert "optim.n_critic must be >= 1" in last and "not retried" in last
+    progress = json.loads((work / C.PROGRESS_FILE).read_text())
+    assert progress[RANGES[0]] == {"attempts": 1, "status": "failed", "exit_code": 2}
+    assert RANGES[1] not in progress
 
 
 def test_local_chain_retries_and_hands_checkpoints_on(tmp_path, range_data, env):
@@ -125,7 +178,7 @@ def test_local_chain_retries_and_hands_checkpoints_on(tmp_path, range_data, env)
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert marker.exists()
-    progress = json.loads((work / "chain-progress.json").read_text())
+    progress = json.loads((work / C.PROGRESS_FILE).read_text())
     assert [progress[r]["status"] for r in RANGES] == ["done"] * 3
     assert progress[RANGES[1]]["attempts"] == 2 and progress[RANGES[0]]["attempts"] == 1
 
@@ -134,11 +187,12 @@ def test_local_chain_retries_and_hands_checkpoints_on(tmp_path, range_data, env)
     for r in RANGES:
         _, meta = ckpt.verify(store / f"{r}.json")  # published, sha256 intact
         assert meta["range"] == r
-        summary = json.loads((work / r / f"run-{r}" / "summary.json").read_text())
+        run_dir = work / r / C.RUN_DIR.format(range=r)
+        summary = json.loads((run_dir / "summary.json").read_text())
         steps.append(summary["steps_on_these_inputs"])
-        keys = np.fromfile(work / r / f"run-{r}" / "audit" / "rank0.i64", dtype="<i8")
+        keys = np.fromfile(run_dir / "audit" / "rank0.i64", dtype="<i8")
         assert len(keys) == len(np.unique(keys)) == FILES_PER_RANGE * EVENTS_PER_FILE
-        assert (work / r / "receipt.json").exists()
+        assert (work / r / C.RECEIPT_FILE).exists()
         assert list((tmp_path / "store" / "tb" / "test-chain" / r).rglob("events.out.tfevents.*"))
     final = ckpt.read_manifest(store / f"{RANGES[-1]}.json")
     assert final["step"] == sum(steps) > 0

@@ -78,3 +78,31 @@ def test_every_field_is_documented():
     docs = [line for line in entries if line.startswith("    ")]
     assert len(keys) == len(docs) > 50
     assert all(d.strip() for d in docs), "a config field lacks its docstring"
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"\x80\x02}q\x00(X\x05\x00\x00\x00model" + bytes(range(256)),  # a pickle / .pt
+        b"PAR1\x15\x04\x15\x00\x00\x00",  # a Parquet file
+        b"optim:\n  n_critic: 2\x00\x00\x00",  # valid UTF-8 with NUL bytes
+    ],
+)
+def test_binary_config_file_is_a_one_line_config_error(tmp_path, content, capsys):
+    from muongen.cli import main
+
+    path = tmp_path / "model.pt"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=r"is not a YAML text file") as err:
+        load_config(str(path))
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+    assert main(["config", "--config", str(path)]) == 2  # the CLI: one line, no traceback
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_cosine_schedule_needs_a_horizon():
+    with pytest.raises(ConfigError, match=r"optim\.decay_steps"):
+        load_config("demo", ["train.max_steps=0"])
+    cfg = load_config("demo", ["train.max_steps=0", "optim.decay_steps=5000"])
+    assert cfg.optim.decay_steps == 5000

@@ -79,7 +79,12 @@ class OutlierWriter:
         parts[:] = [buffered] if buffered.num_rows else []
 
     def flush(self) -> None:
-        """Write every buffered event now (a partial shard per format)."""
+        """Write every buffered event now (a partial shard per format).
+
+        The folder exists from the first flush on (every checkpoint flushes), empty when
+        there were no outliers: the run folder's layout does not depend on the data.
+        """
+        self.dir.mkdir(parents=True, exist_ok=True)
         for fmt, parts in self._buf.items():
             if parts:
                 self._write(fmt, pa.concat_tables(parts))

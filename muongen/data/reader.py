@@ -284,8 +284,9 @@ def validate(
 
 
 def _wrap(url: str, exc: BaseException) -> InputFileError:
+    detail = " ".join(str(exc).split())  # Arrow's messages span lines; ours is one
     return InputFileError(
-        f"{url}: cannot read ({type(exc).__name__}: {exc}); the file may be truncated or damaged"
+        f"{url}: cannot read ({type(exc).__name__}: {detail}); the file may be truncated or damaged"
     )
 
 

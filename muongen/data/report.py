@@ -15,21 +15,35 @@ REPORT_NAME = "bad_input.json"
 
 
 class BadInputReport:
-    """Skipped files (url -> reason) and dropped events (url -> reason -> count)."""
+    """Skipped files (url -> reason) and dropped events (url -> reason -> count).
+
+    Each entry is counted in one epoch only, the first that met it: every epoch reads every
+    file again, and its bad rows are the same rows (60 bad rows are 60, not 60 per epoch).
+    """
 
     def __init__(self) -> None:
         self.files: dict[str, str] = {}
         self.events: dict[str, dict[str, int]] = {}
+        self._epoch: dict[tuple[str, str], int] = {}  # (url, reason or "") -> counting epoch
 
-    def bad_file(self, url: str, reason: str) -> None:
-        """Record that ``url`` was skipped (the first reason given is kept)."""
-        self.files.setdefault(url, reason)
+    def _counts_in(self, url: str, what: str, epoch: int) -> bool:
+        return self._epoch.setdefault((url, what), epoch) == epoch
 
-    def bad_events(self, url: str, n: int, reason: str) -> None:
-        """Record that ``n`` events of ``url`` were dropped for ``reason``."""
-        if n > 0:
-            per_file = self.events.setdefault(url, {})
-            per_file[reason] = per_file.get(reason, 0) + int(n)
+    def bad_file(self, url: str, reason: str, epoch: int = 0) -> bool:
+        """Record that ``url`` was skipped (the first reason given is kept); True if new."""
+        if url in self.files or not self._counts_in(url, "", epoch):
+            return False
+        self.files[url] = reason
+        return True
+
+    def bad_events(self, url: str, n: int, reason: str, epoch: int = 0) -> int:
+        """Record that ``n`` events of ``url`` were dropped for ``reason`` in ``epoch``;
+        returns how many were counted (0 when an earlier epoch counted this file's)."""
+        if n <= 0 or not self._counts_in(url, reason, epoch):
+            return 0
+        per_file = self.events.setdefault(url, {})
+        per_file[reason] = per_file.get(reason, 0) + int(n)
+        return int(n)
 
     @property
     def n_bad_files(self) -> int:
@@ -44,9 +58,12 @@ class BadInputReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "bad_files": [{"url": u, "reason": r} for u, r in sorted(self.files.items())],
+            "bad_files": [
+                {"url": u, "reason": r, "epoch": self._epoch.get((u, ""), 0)}
+                for u, r in sorted(self.files.items())
+            ],
             "bad_events": [
-                {"url": u, "reason": r, "events": n}
+                {"url": u, "reason": r, "events": n, "epoch": self._epoch.get((u, r), 0)}
                 for u, per_file in sorted(self.events.items())
                 for r, n in sorted(per_file.items())
             ],
@@ -55,10 +72,11 @@ class BadInputReport:
 
     def load_dict(self, data: dict[str, Any]) -> None:
         """Replace the content with a :meth:`to_dict` result (resuming a run)."""
-        self.files = {d["url"]: d["reason"] for d in data.get("bad_files", [])}
-        self.events = {}
+        self.files, self.events, self._epoch = {}, {}, {}
+        for d in data.get("bad_files", []):
+            self.bad_file(d["url"], d["reason"], d.get("epoch", 0))
         for d in data.get("bad_events", []):
-            self.bad_events(d["url"], d["events"], d["reason"])
+            self.bad_events(d["url"], d["events"], d["reason"], d.get("epoch", 0))
 
     def write(self, path: str | os.PathLike) -> None:
         """Write the report as JSON (atomically: a temporary file renamed into place)."""

@@ -59,11 +59,15 @@ def fresh_cursor(n_slots: int, epoch: int = 0) -> dict[str, Any]:
 
 @dataclass
 class Effects:
-    """What building rounds did that the consumer's process must apply (and only once)."""
+    """What building rounds did that the consumer's process must apply (and only once).
+
+    Bad input carries the epoch that met it: the report counts a file's bad events in the
+    first epoch that read the file only (every epoch reads every file again).
+    """
 
     outliers: list[tuple[str, pa.Table]] = field(default_factory=list)
-    bad_files: list[tuple[str, str]] = field(default_factory=list)
-    bad_events: list[tuple[str, int, str]] = field(default_factory=list)
+    bad_files: list[tuple[str, str, int]] = field(default_factory=list)  # url, reason, epoch
+    bad_events: list[tuple[str, int, str, int]] = field(default_factory=list)  # url, n, why, ep
     empty_dropped: int = 0
 
     def add(self, other: Effects) -> None:
@@ -82,13 +86,29 @@ class Effects:
 
 @dataclass
 class Item:
-    """One message from a shard: a batch (or None), the cursor after it, the side effects."""
+    """One message from a shard: a batch (or None), the cursor after it, the side effects.
+
+    ``error`` (with ``done``): data.strict met a bad file; the consumer applies the effects
+    (which record the file) and then raises InputFileError with this message.
+    """
 
     batch: RaggedBatch | None
     cursor: dict[str, Any]
     effects: Effects
     worker: int = 0
     done: bool = False
+    error: str = ""
+
+
+REASON_UNREADABLE = "unreadable: the file fails part-way (see bad_files)"
+
+
+class _StrictStop(Exception):
+    """data.strict: a bad file stops the shard; ``effects`` records it for the report."""
+
+    def __init__(self, message: str, effects: Effects) -> None:
+        super().__init__(message)
+        self.message, self.effects = message, effects
 
 
 @dataclass
@@ -138,10 +158,11 @@ def _permutation(n: int, *seed: int) -> np.ndarray:
 class Slot:
     """Reads the rows of a list of files one after the other, C rows per round."""
 
-    def __init__(self, shard: Shard, file_ids: list[int], pos: list[int]) -> None:
+    def __init__(self, shard: Shard, file_ids: list[int], pos: list[int], epoch: int) -> None:
         self.shard = shard
         self.file_ids = file_ids
         self.i, self.row = pos
+        self.epoch = epoch
         self._reader: FileReader | None = None
         self._chunks: Iterator[Chunk] | None = None
         self._left: Chunk | None = None
@@ -170,12 +191,22 @@ class Slot:
         self._chunks, self._left = None, None
 
     def _fail(self, exc: Exception, effects: Effects | None) -> None:
-        url = self._url()
+        """The current file cannot be read (further): record it, then skip the rest of it
+        (or, under data.strict, stop the shard)."""
+        url, reason = self._url(), str(exc)
+        unread = 0
+        if self._reader is not None:  # it failed part-way: rows before self.row were read
+            unread = max(0, self._reader.n_rows - self.row)
+            reason = f"{reason} (rows {self.row} to {self._reader.n_rows} of it unread)"
+        record = Effects()
+        record.bad_files.append((url, reason, self.epoch))
+        if unread:
+            record.bad_events.append((url, unread, REASON_UNREADABLE, self.epoch))
         if self.shard.cfg.strict:
             self.close()
-            raise InputFileError(f"{exc} (data.strict is set: fix or remove the file)") from None
+            raise _StrictStop(f"{reason} (data.strict is set: fix or remove the file)", record)
         if effects is not None:
-            effects.bad_files.append((url, str(exc)))
+            effects.add(record)
         self._next_file()
 
     def take(self, n: int, effects: Effects | None) -> list[tuple[int, Chunk]]:
@@ -303,8 +334,12 @@ class Shard:
         if effects is not None:
             for fid, chunk in parts:
                 url = self.files[fid]
-                effects.bad_events.extend((url, n, reason) for reason, n in chunk.bad.items())
-                if chunk.outliers is not None:
+                effects.bad_events.extend(
+                    (url, n, reason, epoch) for reason, n in chunk.bad.items()
+                )
+                # Outliers are kept once, from the first epoch (which, over all shards, reads
+                # every file once); later epochs meet the same events again.
+                if chunk.outliers is not None and epoch == 0:
                     effects.outliers.append((_format_of(chunk.outliers), chunk.outliers))
         parts = [(fid, c) for fid, c in parts if c.n_events]
         if not parts:
@@ -343,39 +378,44 @@ class Shard:
         readers = ThreadPoolExecutor(cfg.open_files, thread_name_prefix="muongen-read")
         builder = ThreadPoolExecutor(1, thread_name_prefix="muongen-build")
         with readers, builder:
-            while not cur["done"] and not (cfg.max_epochs and cur["epoch"] >= cfg.max_epochs):
-                epoch, plan = cur["epoch"], self.plan(cur["epoch"])
-                slots = [Slot(self, ids, pos) for ids, pos in zip(plan, cur["slots"])]
-                self._schedule(slots)
-                offset = cur["offset"]
-                rounds = self._rounds(slots, epoch, cur["round"], quiet, readers, builder)
-                try:
-                    for rd in rounds:
-                        if rd.effects is not None:
-                            effects.add(rd.effects)
-                        pool = rd.pool
-                        offset = offset if quiet else 0
-                        quiet = False
-                        while offset < pool.n:
-                            take = min(batch_events - n_pending, pool.n - offset)
-                            parts.append(pool.part(offset, offset + take))
-                            n_pending += take
-                            offset += take
-                            if n_pending < batch_events:
-                                continue
-                            if offset < pool.n:  # mid-round: rebuild this round on resume
-                                cur = _cursor(epoch, rd.index, offset, rd.start, built=True)
-                            elif rd.exhausted:
-                                cur = fresh_cursor(len(slots), epoch + 1)
-                            else:
-                                cur = _cursor(epoch, rd.index + 1, 0, rd.after, built=False)
-                            yield Item(_batch(parts), dict(cur), effects, self.worker)
-                            parts, n_pending, effects = [], 0, Effects()
-                finally:
-                    rounds.close()
-                    for s in slots:
-                        s.close()
-                cur = fresh_cursor(len(slots), epoch + 1)
+            try:
+                while not cur["done"] and not (cfg.max_epochs and cur["epoch"] >= cfg.max_epochs):
+                    epoch, plan = cur["epoch"], self.plan(cur["epoch"])
+                    slots = [Slot(self, ids, pos, epoch) for ids, pos in zip(plan, cur["slots"])]
+                    self._schedule(slots)
+                    offset = cur["offset"]
+                    rounds = self._rounds(slots, epoch, cur["round"], quiet, readers, builder)
+                    try:
+                        for rd in rounds:
+                            if rd.effects is not None:
+                                effects.add(rd.effects)
+                            pool = rd.pool
+                            offset = offset if quiet else 0
+                            quiet = False
+                            while offset < pool.n:
+                                take = min(batch_events - n_pending, pool.n - offset)
+                                parts.append(pool.part(offset, offset + take))
+                                n_pending += take
+                                offset += take
+                                if n_pending < batch_events:
+                                    continue
+                                if offset < pool.n:  # mid-round: rebuild this round on resume
+                                    cur = _cursor(epoch, rd.index, offset, rd.start, built=True)
+                                elif rd.exhausted:
+                                    cur = fresh_cursor(len(slots), epoch + 1)
+                                else:
+                                    cur = _cursor(epoch, rd.index + 1, 0, rd.after, built=False)
+                                yield Item(_batch(parts), dict(cur), effects, self.worker)
+                                parts, n_pending, effects = [], 0, Effects()
+                    finally:
+                        rounds.close()
+                        for s in slots:
+                            s.close()
+                    cur = fresh_cursor(len(slots), epoch + 1)
+            except _StrictStop as stop:  # hand over what to report, then the consumer stops
+                effects.add(stop.effects)
+                yield Item(None, dict(cur), effects, self.worker, done=True, error=stop.message)
+                return
         cur = {**cur, "done": True}
         yield Item(_batch(parts) if n_pending else None, cur, effects, self.worker, done=True)
 

@@ -30,8 +30,9 @@ from torch.utils.data import IterableDataset
 
 from muongen.config import DataConfig
 from muongen.data.batch import RaggedBatch
+from muongen.data.report import BadInputReport
 from muongen.data.shards import Item, Shard, fresh_cursor, rows_per_round
-from muongen.errors import ConfigError
+from muongen.errors import ConfigError, InputFileError
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,8 @@ class EventStream:
         prefetcher_factory: ``factory(worker_id) -> Prefetcher`` called in each DataLoader
             worker when num_workers > 0 (a live prefetcher cannot cross processes).
         outliers: OutlierWriter receiving events with > max_muons_per_event muons.
-        report: BadInputReport recording skipped files and dropped events.
+        report: BadInputReport recording skipped files and dropped events (each counted
+            once, in the first epoch that met it; a fresh one when not given).
 
     With ``cfg.num_workers > 0`` the files are read by a torch DataLoader whose workers are
     further shards; the batches are handed over in a fixed worker order, so the sequence
@@ -132,7 +134,9 @@ class EventStream:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.seed = seed % 2**63  # seed sequences take non-negative integers
         self.prefetcher, self.prefetcher_factory = prefetcher, prefetcher_factory
-        self.outliers, self.report = outliers, report
+        self.outliers = outliers
+        # the stream keeps a report even when none is given: it counts every bad event once
+        self.report = report if report is not None else BadInputReport()
         self.n_workers = max(1, cfg.num_workers)
         if cfg.num_workers and len(self.files) < world_size * cfg.num_workers:
             log.warning(
@@ -207,21 +211,24 @@ class EventStream:
     def _apply(self, item: Item) -> bool:
         """Apply an item's side effects and cursor; True if it carries a batch to yield."""
         fx = item.effects
-        for url, reason in fx.bad_files:
-            log.warning("skipped input file: %s", reason if url in reason else f"{url}: {reason}")
-            if self.report is not None:
-                self.report.bad_file(url, reason)
-        for url, n, reason in fx.bad_events:
-            log.warning("%s: dropped %d events (%s)", url, n, reason)
-            if self.report is not None:
-                self.report.bad_events(url, n, reason)
+        for url, reason, epoch in fx.bad_files:
+            if self.report.bad_file(url, reason, epoch):
+                self.stats["bad_files"] += 1
+                if not item.error:  # else the run stops with the message
+                    where = reason if url in reason else f"{url}: {reason}"
+                    log.warning("skipped input file: %s", where)
+        for url, n, reason, epoch in fx.bad_events:
+            counted = self.report.bad_events(url, n, reason, epoch)
+            self.stats["bad_events"] += counted
+            if counted:
+                log.warning("%s: dropped %d events (%s)", url, n, reason)
         for fmt, table in fx.outliers:
             if self.outliers is not None:
                 self.outliers.add(table, fmt)
             self.stats["outliers"] += table.num_rows
-        self.stats["bad_files"] += len(fx.bad_files)
-        self.stats["bad_events"] += sum(n for _, n, _ in fx.bad_events)
         self.stats["empty_dropped"] += fx.empty_dropped
+        if item.error:
+            raise InputFileError(item.error)
         self._cursors[item.worker] = item.cursor
         if item.batch is None:
             return False
@@ -254,7 +261,7 @@ class EventStream:
             "cursors": [dict(c) for c in self._cursors],
             "next_worker": self._next_worker,
             "stats": dict(self.stats),
-            "report": self.report.to_dict() if self.report is not None else None,
+            "report": self.report.to_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -274,7 +281,7 @@ class EventStream:
         self._cursors = [dict(c) for c in state["cursors"]]
         self._next_worker = int(state["next_worker"])
         self.stats = {k: int(state["stats"].get(k, 0)) for k in STAT_KEYS}
-        if self.report is not None and state.get("report"):
+        if state.get("report"):
             self.report.load_dict(state["report"])
 
 

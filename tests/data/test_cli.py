@@ -101,3 +101,41 @@ def test_inspect_reports_a_bad_file_and_goes_on(tmp_path, capsys):
     assert main(["inspect", "--json", str(bad), good]) == 2
     out = capsys.readouterr()
     assert "bad.parquet" in out.err and json.loads(out.out.splitlines()[1])["rows"] == 50
+
+
+def test_strict_train_stops_and_bad_input_json_names_the_file(tmp_path, capsys):
+    # data.strict stops the run at the first bad file; the report the run leaves behind
+    # must say which file that was (it used to list none).
+    data = tmp_path / "data"
+    good = synth.write_synthetic(data, files=1, events_per_file=300, seed=1, mix="rich")[0]
+    bad = data / "0000001.parquet"
+    bad.write_bytes(Path(good).read_bytes()[:2000])  # truncated
+    run = tmp_path / "run"
+    overrides = [
+        f"data.paths=[{str(data)!r}]",
+        "data.strict=true",
+        "data.shuffle_files=false",
+        "data.open_files=1",
+        "data.batch_events=64",
+        "data.shuffle_buffer_events=128",
+        "model.context=16",
+        "model.mult_hidden=[8]",
+        "model.local_hidden=[8]",
+        "model.critic_muon_hidden=[8]",
+        "model.critic_head_hidden=[8]",
+        "optim.n_critic=1",
+        "train.device=cpu",
+        "train.max_steps=1000",
+        "checkpoint.every_minutes=0",
+        "logging.tensorboard=false",
+        "logging.hist_every=0",
+        "logging.gpu_monitor=false",
+        "logging.progress=plain",
+    ]
+    argv = ["train", "--config", "demo", "--out", str(run)]
+    assert main([*argv, *(a for o in overrides for a in ("--set", o))]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("muongen train: error: ") and "0000001.parquet" in err
+    report = json.loads((run / "bad_input.json").read_text())
+    assert [f["url"] for f in report["bad_files"]] == [str(bad)]
+    assert report["totals"]["bad_files"] == 1

@@ -86,3 +86,19 @@ def test_consolidate_cli(tmp_path, capsys):
     assert "3 files -> 1 files" in capsys.readouterr().out
     assert pq.read_metadata(next(tmp_path.glob("*.parquet"))).num_rows == 6
     assert main(["outliers", "consolidate", str(tmp_path / "missing")]) != 0
+
+
+def test_the_outlier_folder_exists_once_the_stream_is_checkpointed(dataset, tmp_path, capsys):
+    # The README's `muongen outliers consolidate runs/demo/outliers` must work on a run that
+    # met no outlier: the folder is part of the run folder's layout, not of the data.
+    from muongen.config import DataConfig
+    from muongen.data.stream import EventStream
+
+    out = tmp_path / "run" / "outliers"
+    cfg = DataConfig(batch_events=64, shuffle_buffer_events=256, max_muons_per_event=0)
+    stream = EventStream(dataset[:2], cfg, outliers=OutlierWriter(out))
+    next(iter(stream))
+    stream.state_dict()  # what every checkpoint does
+    assert out.is_dir() and not list(out.iterdir())
+    assert main(["outliers", "consolidate", str(out), "--shard-events", "10000"]) == 0
+    assert "0 files -> 0 files" in capsys.readouterr().out

@@ -215,6 +215,80 @@ def test_strict_mode_fails_on_the_first_bad_file(bad_inputs):
         list(stream)
 
 
+def test_bad_input_and_outliers_are_counted_once_over_epochs(bad_inputs, tmp_path):
+    # Every epoch reads every file again: its bad rows and its outliers are the same events.
+    def run(epochs):
+        writer = OutlierWriter(tmp_path / f"outliers-{epochs}", shard_events=100000)
+        cfg = cfg_(max_epochs=epochs, shuffle_files=False, max_muons_per_event=30)
+        stream = EventStream(bad_inputs, cfg, report=BadInputReport(), outliers=writer)
+        n_events = sum(b.n_events for b in stream)
+        writer.close()
+        return stream, n_events, writer.count
+
+    one, events_one, outliers_one = run(1)
+    two, events_two, outliers_two = run(2)
+    assert events_two == 2 * events_one  # trained on twice ...
+    assert outliers_one > 0 and outliers_two == outliers_one  # ... kept aside once
+    assert two.report.to_dict() == one.report.to_dict()
+    assert two.report.events[bad_inputs[5]] == {"NaN or inf value": 1, "energy <= 0": 1}
+    for key in ("bad_files", "bad_events", "outliers"):
+        assert two.stats[key] == one.stats[key], key
+    assert two.stats["bad_files"] == 3 and two.stats["bad_events"] == 2
+
+
+def test_strict_mode_records_the_bad_file_it_stops_on(bad_inputs):
+    report = BadInputReport()
+    cfg = cfg_(max_epochs=1, strict=True, shuffle_files=False, open_files=1)
+    stream = EventStream(bad_inputs, cfg, report=report)
+    with pytest.raises(InputFileError, match=r"truncated.parquet.*data.strict"):
+        list(stream)
+    assert list(report.files) == [bad_inputs[2]]
+    assert stream.stats["bad_files"] == 1
+
+
+def corrupt_row_group(src: str, dest: Path, rows_per_group: int, group: int) -> int:
+    """Rewrite ``src`` with ``rows_per_group`` rows per row group, uncompressed, then
+    overwrite the page header of row group ``group``'s primary column with garbage, as a
+    bad disk block or a broken transfer would. Returns the file's row count."""
+    table = pq.read_table(src)
+    pq.write_table(table, dest, row_group_size=rows_per_group, compression="NONE")
+    column = pq.ParquetFile(dest).metadata.row_group(group).column(2)  # primary
+    assert column.path_in_schema.startswith("primary")
+    data = bytearray(dest.read_bytes())
+    start = column.dictionary_page_offset or column.data_page_offset
+    data[start : start + 64] = b"\xff" * 64
+    dest.write_bytes(bytes(data))
+    return table.num_rows
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_file_corrupt_from_its_4th_row_group_counts_its_unread_rows(
+    dataset, tmp_path, keys_of, strict
+):
+    damaged = tmp_path / "damaged.parquet"
+    rows = corrupt_row_group(dataset[0], damaged, rows_per_group=100, group=3)
+    files = [str(damaged), dataset[1]]
+    report = BadInputReport()
+    cfg = cfg_(max_epochs=1, shuffle_files=False, open_files=1, read_rows=100, strict=strict)
+    stream = EventStream(files, cfg, report=report)
+    batches = []
+    if strict:
+        with pytest.raises(InputFileError, match=r"damaged.parquet.*data.strict"):
+            batches.extend(stream)
+    else:
+        batches = list(stream)
+        keys = keys_of(batches)
+        # rows 0-299 (row groups 0-2) were trained on, the rest of the file was not
+        assert set(keys[keys >> 32 == 0].tolist()) == set(range(300))
+        assert (keys >> 32 == 1).sum() == ROWS
+    assert list(report.files) == [str(damaged)]
+    assert f"(rows 300 to {rows} of it unread)" in report.files[str(damaged)]
+    assert "\n" not in report.files[str(damaged)]  # one line, like every message
+    unread = report.events[str(damaged)]
+    assert unread == {"unreadable: the file fails part-way (see bad_files)": rows - 300}
+    assert stream.stats["bad_events"] == rows - 300 and stream.stats["bad_files"] == 1
+
+
 class RecordingPrefetcher:
     """Stands in for storage.prefetch.Prefetcher: serves files from a local copy, records calls."""
 

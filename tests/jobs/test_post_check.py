@@ -131,3 +131,39 @@ def test_a_failed_job_is_propagated_without_checking(tmp_path, job_return, exit_
     result = run(str(tmp_path / "absent.json"), "--job-return", job_return)
     assert result.returncode == exit_code
     assert f"the node's job failed (return {job_return})" in result.stdout
+
+
+def test_accepts_what_the_real_checkpoint_save_and_node_staging_write(tmp_path):
+    # The grid contract between the node (muongen, torch) and the POST script (standard
+    # library only, on the access point): the manifest the real save writes, and the copy a
+    # node stages as <range>.json and sends back as its receipt, pass the POST check.
+    import runpy
+
+    import torch
+
+    from muongen.train import checkpoint as ckpt
+
+    state = {"generator": {"w": torch.arange(6.0)}, "step": 321}
+    saved = ckpt.save(state, tmp_path / "run", "step-000000321", step=321, range_name=RANGE)
+    staged = ckpt.copy_as(saved.manifest, tmp_path / "scratch", RANGE, range_name=RANGE)
+    required = runpy.run_path(str(SCRIPT))["MANIFEST_KEYS"]
+    assert set(required) <= set(json.loads(staged.manifest.read_text()))
+    for manifest in (saved.manifest, staged.manifest):
+        result = run(str(manifest), "--job-return", "0")
+        assert result.returncode == 0, result.stdout
+        assert "step 321" in result.stdout and "sha256 verified" in result.stdout
+    result = run(str(staged.manifest), "--expect-range", RANGE, "--manifest-only")
+    assert result.returncode == 0, result.stdout
+    staged.pt.write_bytes(staged.pt.read_bytes()[:-1] + b"x")  # one byte off
+    assert run(str(staged.manifest)).returncode == 1
+
+
+def test_a_user_error_exit_code_reaches_dagman_unchanged():
+    # DAGMan's RETRY ... UNLESS-EXIT 2 sees the POST script's exit code: a node's user error
+    # must come through as exactly that code, so DAGMan does not retry it.
+    from muongen.errors import ConfigError
+    from submit import constants as C
+
+    assert ConfigError("x").exit_code == C.EXIT_USER_ERROR
+    result = run("missing.json", "--job-return", str(C.EXIT_USER_ERROR))
+    assert result.returncode == C.EXIT_USER_ERROR

@@ -28,8 +28,10 @@ def test_submit_prints_condor_submit_dag_without_a_schedd(
     tmp_path, write_campaign, jobs_dir, no_schedd, capsys
 ):
     out = tmp_path / "dag dir"
-    assert main(["submit", str(write_campaign()), "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
+    # nothing was submitted: a script that runs it must not take that for success
+    assert main(["submit", str(write_campaign()), "--out", str(out)]) == C.EXIT_NOT_SUBMITTED
+    printed, err = capsys.readouterr()
+    assert "nothing was submitted" in err
     assert (out / C.DAG_FILE).is_file()
     assert "No HTCondor schedd reachable" in printed
     assert f"cd '{out}' && condor_submit_dag -batch-name test-camp campaign.dag" in printed
@@ -99,7 +101,7 @@ def test_resubmitting_after_a_failure_uses_the_rescue_dag(
     dag.write_text(dag.read_text() + "# marker: written before the failure\n")
     capsys.readouterr()
 
-    assert main(["submit", str(campaign), "--out", str(out)]) == 0
+    assert main(["submit", str(campaign), "--out", str(out)]) == C.EXIT_NOT_SUBMITTED
     printed = capsys.readouterr().out
     assert "found the rescue DAG campaign.dag.rescue001 (2 of 5 nodes done)" in printed
     command = next(line for line in printed.splitlines() if "condor_submit_dag" in line)
@@ -109,7 +111,7 @@ def test_resubmitting_after_a_failure_uses_the_rescue_dag(
     assert "differs" not in printed
 
     campaign.write_text(campaign.read_text().replace("retries: 2", "retries: 5"))
-    assert main(["submit", str(campaign), "--out", str(out)]) == 0
+    assert main(["submit", str(campaign), "--out", str(out)]) == C.EXIT_NOT_SUBMITTED
     assert "the rescue DAG runs as written" in capsys.readouterr().out
 
 

@@ -1,0 +1,60 @@
+"""The README's commands, as written: every `muongen ...` line parses with the real CLI, and
+the files they name are files the demo leaves behind."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from muongen.cli import build_parser
+from muongen.config import load_config
+
+README = Path(__file__).parents[1] / "README.md"
+
+
+def readme_commands() -> list[str]:
+    """`muongen ...` commands of the README's code blocks (continuations joined; `[...]`
+    optional parts and trailing comments dropped)."""
+    text = README.read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    commands = []
+    for block in blocks:
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("  #")[0].split(" # ")[0].strip()
+            for part in line.split("&&"):
+                words = part.strip().split(maxsplit=1)
+                if words and words[0] in ("muongen", ".venv/bin/muongen"):
+                    commands.append(re.sub(r"\s*\[[^\]]*\]", "", part.strip()))
+    return commands
+
+
+COMMANDS = readme_commands()
+
+
+def test_the_readme_has_commands():
+    assert len(COMMANDS) > 10
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_readme_command_parses(command):
+    argv = shlex.split(command)[1:]
+    parser = build_parser()
+    try:
+        parser.parse_args(argv)
+    except SystemExit as exc:
+        pytest.fail(f"README command does not parse: {command} (exit {exc.code})")
+
+
+def test_checkpoints_the_readme_names_are_ones_the_demo_keeps():
+    # `muongen train --config demo --out runs/demo` keeps its last checkpoint.keep_last step
+    # checkpoints; a README command naming another one fails as written.
+    demo = load_config("demo")
+    every, last = demo.checkpoint.every_steps, demo.train.max_steps
+    kept = sorted({*range(every, last + 1, every), last})[-demo.checkpoint.keep_last :]
+    named = re.findall(r"runs/demo/checkpoints/step-(\d{9})\.(?:json|pt)", README.read_text())
+    assert named, "the README names no demo checkpoint any more: update this test"
+    for step in named:
+        assert int(step) in kept, f"runs/demo/checkpoints/step-{step}: the demo keeps {kept}"
