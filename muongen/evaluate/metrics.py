@@ -12,14 +12,16 @@
 ``event_mean_radius``           W1 of the mean radius (m) (events with muons)
 ``frechet_event``               Frechet distance of the four event observables (standardised)
 ``muon_log10_energy_n<K>``      W1 of muon log10 E within bundles of N in multiplicity bin K
-``muon_radius_n<K>``            W1 of muon radius within bundles of N in multiplicity bin K
-``muon_radius_by_energy``       the energy-radius correlation: W1 of the radius in decades
-                                of muon energy, averaged with the reference's muon counts
+``muon_log10_radius_n<K>``      W1 of muon log10 r within bundles of N in multiplicity bin K
+``muon_log10_radius_by_energy`` the energy-radius correlation: W1 of log10 r in decades of
+                                muon energy, averaged with the reference's muon counts
 ==============================  ===========================================================
 
 The multiplicity bins K are fixed (``1``, ``2-9``, ``10-99``, ``100+`` muons per bundle) so
 that a metric means the same on every data set: the radial profile and the energy spectrum
-inside single muons, small, large and very large bundles, each with a floor of its own. A
+inside single muons, small, large and very large bundles, each with a floor of its own.
+Radii enter these in log10: a W1 in metres is ruled by the few far-out muons of rare
+showers, and its floor changes by half from one held-out set to the next. A
 bin a sample has no muons in gives NaN, like any metric without data on one side.
 
 A metric without data on one side (no muons, no events) is NaN. The per-muon W1 distances
@@ -43,6 +45,7 @@ from scipy.stats import wasserstein_distance
 from muongen.evaluate.features import (
     BUNDLE_SIZE,
     EVENT_OBSERVABLES,
+    LOG10_RADIUS,
     MUON_OBSERVABLES,
     EventSample,
 )
@@ -60,12 +63,14 @@ MULTIPLICITY_BINS = {"n1": (1, 2), "n2-9": (2, 10), "n10-99": (10, 100), "n100+"
 #: Within-bundle metrics: name -> (muon observable, multiplicity bin).
 W1_BUNDLE = {
     f"muon_{obs}_{key}": (obs, key)
-    for obs in ("log10_energy", "radius")
+    for obs in ("log10_energy", LOG10_RADIUS)
     for key in MULTIPLICITY_BINS
 }
 #: Muon log10(E/GeV) edges of the energy-radius correlation metric (decades, open ends).
 ENERGY_DECADES = (-np.inf, 1.0, 2.0, 3.0, np.inf)
-RADIUS_BY_ENERGY = "muon_radius_by_energy"
+RADIUS_BY_ENERGY = "muon_log10_radius_by_energy"
+#: Muon observables the fine W1 grid bins.
+GRID_OBSERVABLES = (*MUON_OBSERVABLES, LOG10_RADIUS)
 METRICS = (*W1_MUON, *W1_EVENT, FRECHET, *W1_BUNDLE, RADIUS_BY_ENERGY)
 
 #: Units of each metric, for reports.
@@ -79,8 +84,8 @@ UNITS = {
     "event_log10_leading_energy": "dex",
     "event_mean_radius": "m",
     "frechet_event": "σ²",
-    **{name: "dex" if obs == "log10_energy" else "m" for name, (obs, _) in W1_BUNDLE.items()},
-    RADIUS_BY_ENERGY: "m",
+    **{name: "dex" for name in W1_BUNDLE},
+    RADIUS_BY_ENERGY: "dex",
 }
 
 
@@ -126,7 +131,7 @@ class MuonGrid:
         ``n_bins`` bins (a W1 costs O(bins + muons)); with fewer pooled muons than that,
         each is a bin of its own and the W1 is exact."""
         edges, points = {}, {}
-        for obs in MUON_OBSERVABLES:
+        for obs in GRID_OBSERVABLES:
             pooled = np.sort(np.concatenate([s.muon[obs] for s in samples]))
             pooled = pooled[np.isfinite(pooled)]
             if pooled.size == 0:
@@ -232,7 +237,7 @@ def muon_w1(
 
 
 def radius_by_energy(ref: EventSample, other: EventSample, grid: MuonGrid | None = None) -> float:
-    """Mean over decades of muon energy of the W1 of the radius, weighted by ``ref``'s muons.
+    """Mean over decades of muon energy of the W1 of log10 r, weighted by ``ref``'s muons.
 
     A marginal radius W1 cannot see whether energetic muons sit near the core; this can.
     Decades where either side has no muons are left out; NaN when none is left.
@@ -243,7 +248,7 @@ def radius_by_energy(ref: EventSample, other: EventSample, grid: MuonGrid | None
         in_ref = (e_ref >= lo) & (e_ref < hi)
         in_other = (e_other >= lo) & (e_other < hi)
         if in_ref.any() and in_other.any():
-            values.append(muon_w1(ref, other, "radius", grid, in_ref, in_other))
+            values.append(muon_w1(ref, other, LOG10_RADIUS, grid, in_ref, in_other))
             weights.append(in_ref.sum())
     if not values:
         return float("nan")

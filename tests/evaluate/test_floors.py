@@ -113,7 +113,8 @@ def test_perfect_model_sits_at_the_floor_and_bad_model_fails(toy):
 def test_grid_and_exact_w1_agree_in_compare(toy):
     real = toy(3000, seed=5)
     model = toy(3000, seed=6, conditions=real.conditions, shift=0.1)
-    names = ("muon_log10_energy", "muon_radius", "muon_radius_n2-9", "muon_radius_by_energy")
+    names = ("muon_log10_energy", "muon_radius", "muon_log10_radius_n2-9")
+    names = (*names, "muon_log10_radius_by_energy")
     fast = compare(real, {"model": model}, n_splits=3, names=names)
     exact = compare(real, {"model": model}, n_splits=3, names=names, fast=False)
     assert exact["split"]["w1"] == "exact"

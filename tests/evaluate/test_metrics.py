@@ -70,7 +70,7 @@ def test_compute_metrics_sees_an_energy_shift_and_nothing_else(toy):
     same = EventSample.from_arrays(real.conditions, real.physical_muons(), real.counts)
     zero = compute_metrics(real, same)
     assert set(zero) == set(METRICS)
-    assert math.isnan(zero["muon_radius_n100+"])  # the toy has no bundles of 100+ muons
+    assert math.isnan(zero["muon_log10_radius_n100+"])  # the toy has no bundles of 100+ muons
     assert all(v == pytest.approx(0.0, abs=1e-6) for v in zero.values() if not math.isnan(v))
     shifted_muons = real.physical_muons() * np.array([10.0**0.3, 1.0, 1.0])
     shifted = compute_metrics(
@@ -134,19 +134,20 @@ def test_radial_profile_and_spectrum_in_multiplicity_bins_known_answers():
     real = _bundles([(1, 1.0, 2.0), (1, 1.0, 2.0), (5, 10.0, 2.0)])
     other = _bundles([(1, 3.0, 2.0), (1, 3.0, 2.0), (5, 10.0, 2.5)])
     d = compute_metrics(real, other)
-    assert d["muon_radius_n1"] == pytest.approx(2.0)
-    assert d["muon_radius_n2-9"] == pytest.approx(0.0)
+    assert d["muon_log10_radius_n1"] == pytest.approx(np.log10(3.0))
+    assert d["muon_log10_radius_n2-9"] == pytest.approx(0.0)
     assert d["muon_log10_energy_n1"] == pytest.approx(0.0)
     assert d["muon_log10_energy_n2-9"] == pytest.approx(0.5)
     # no bundles of 10+ on either side: no value
-    assert math.isnan(d["muon_radius_n10-99"]) and math.isnan(d["muon_log10_energy_n100+"])
+    assert math.isnan(d["muon_log10_radius_n10-99"]) and math.isnan(d["muon_log10_energy_n100+"])
     # a bundle of 120 muons counts in the 100+ bin only
     big = _bundles([(120, 4.0, 1.0)])
     d = compute_metrics(big, _bundles([(120, 6.0, 1.0)]))
-    assert d["muon_radius_n100+"] == pytest.approx(2.0) and math.isnan(d["muon_radius_n1"])
+    assert d["muon_log10_radius_n100+"] == pytest.approx(np.log10(1.5))
+    assert math.isnan(d["muon_log10_radius_n1"])
     # the model has no bundles of 2-9 where the data do: no value there (-> no model output)
     d = compute_metrics(real, _bundles([(1, 1.0, 2.0)] * 7))
-    assert math.isnan(d["muon_radius_n2-9"]) and d["muon_radius_n1"] == pytest.approx(0.0)
+    assert math.isnan(d["muon_log10_radius_n2-9"]) and d["muon_log10_radius_n1"] == 0.0
 
 
 def test_energy_radius_correlation_sees_what_the_marginals_miss():
@@ -155,12 +156,13 @@ def test_energy_radius_correlation_sees_what_the_marginals_miss():
     swapped = _bundles([(1, 5.0, 3.5), (1, 1.0, 0.5)] * 50)
     d = compute_metrics(real, swapped)
     assert d["muon_radius"] == pytest.approx(0.0) and d["muon_log10_energy"] == pytest.approx(0.0)
-    assert d["muon_radius_by_energy"] == pytest.approx(4.0)
-    assert compute_metrics(real, real)["muon_radius_by_energy"] == pytest.approx(0.0)
+    assert d["muon_log10_radius_by_energy"] == pytest.approx(np.log10(5.0))
+    assert compute_metrics(real, real)["muon_log10_radius_by_energy"] == pytest.approx(0.0)
     # weighted by the reference's muons per decade: 3 of 4 at 1 m vs 2 m, 1 of 4 equal
     ref = _bundles([(1, 1.0, 0.5)] * 3 + [(1, 7.0, 2.5)])
     oth = _bundles([(1, 2.0, 0.5)] * 5 + [(1, 7.0, 2.5)])
-    assert compute_metrics(ref, oth)["muon_radius_by_energy"] == pytest.approx(0.75)
+    by_energy = compute_metrics(ref, oth)["muon_log10_radius_by_energy"]
+    assert by_energy == pytest.approx(0.75 * np.log10(2.0))
 
 
 def test_grid_w1_is_exact_for_small_pools_and_close_for_large_ones(toy):
@@ -169,7 +171,8 @@ def test_grid_w1_is_exact_for_small_pools_and_close_for_large_ones(toy):
     ga, gb = grid.digitise(a), grid.digitise(b)
     exact = compute_metrics(a, b)
     fast = compute_metrics(ga, gb, grid=grid)
-    for m in ("muon_log10_energy", "muon_radius", "muon_radius_n2-9", "muon_radius_by_energy"):
+    names = ("muon_log10_energy", "muon_radius", "muon_log10_radius_n2-9")
+    for m in (*names, "muon_log10_radius_by_energy"):
         assert fast[m] == pytest.approx(exact[m], rel=1e-9), m
     # a pool larger than the grid: bins of several muons, still within a percent
     rng = np.random.default_rng(3)
