@@ -18,10 +18,10 @@ import time
 
 import torch
 
+from muongen import checkpoint as ckpt
 from muongen.config import load_config
 from muongen.data.batch import RaggedBatch
 from muongen.model import build_models
-from muongen.train import checkpoint as ckpt
 from muongen.train.step import GanStep
 
 

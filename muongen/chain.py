@@ -59,11 +59,15 @@ class NodeSpec:
     campaign: str = ""
 
 
-def run_node(spec: NodeSpec) -> int:
-    """Train one range; returns the exit code (0 done, 85 restart me, other: failed)."""
+def run_node(spec: NodeSpec, stop=None) -> int:
+    """Train one range; returns the exit code (0 done, 85 restart me, other: failed).
+
+    ``stop``: the process's StopRequest, installed before anything else (an eviction during
+    start-up then exits 85 as well).
+    """
     scratch = Path(spec.scratch or os.environ.get("_CONDOR_SCRATCH_DIR") or os.getcwd())
     with node_lock(scratch):
-        return _run_node_locked(spec, scratch)
+        return _run_node_locked(spec, scratch, stop)
 
 
 def node_config(spec: NodeSpec, run_dir: Path):
@@ -124,14 +128,19 @@ def node_lock(scratch: Path):
         os.close(fd)
 
 
-def _run_node_locked(spec: NodeSpec, scratch: Path) -> int:
-    from muongen.train import checkpoint as ckpt
+def _run_node_locked(spec: NodeSpec, scratch: Path, stop=None) -> int:
+    from muongen import checkpoint as ckpt
     from muongen.train.command import publish_final
     from muongen.train.trainer import Trainer
 
+    final = _published_final(spec, scratch)
+    if final is not None:  # a published, verified range checkpoint is final
+        log.info("node %s: %s is published and verified; nothing to do", spec.range_name, final)
+        (scratch / C.RECEIPT_FILE).write_bytes(final.read_bytes())
+        return 0
     run_dir = scratch / C.RUN_DIR.format(range=spec.range_name)
     cfg = node_config(spec, run_dir)
-    trainer = Trainer(cfg, run_dir, range_name=spec.range_name)
+    trainer = Trainer(cfg, run_dir, range_name=spec.range_name, stop=stop)
 
     own = ckpt.find_latest(trainer.ckpt_dir)
     if own is not None:
@@ -145,25 +154,45 @@ def _run_node_locked(spec: NodeSpec, scratch: Path) -> int:
         trainer.resume(str(prev))
     else:
         log.info("node %s: first range, starting fresh", spec.range_name)
+        trainer.resume(None)
 
     code = trainer.train()
     if code == 0:
-        # Stage <range>.pt/.json at the top of the scratch dir (HTCondor's output transfer
+        # Name <range>.pt/.json at the top of the scratch dir (HTCondor's output transfer
         # picks them up there), and publish through storage when a destination is given.
-        latest = ckpt.find_latest(trainer.ckpt_dir)
-        staged = ckpt.copy_as(latest, scratch, spec.range_name, range_name=spec.range_name)
+        staged = publish_final(trainer, spec.range_name, stage_dir=scratch)
         # receipt.json: a copy of the manifest that comes back to the access point, where
         # the POST script checks it when the checkpoint itself went to the OSDF.
         (scratch / C.RECEIPT_FILE).write_bytes(staged.manifest.read_bytes())
-        if spec.ckpt_dest:
-            publish_final(trainer, spec.range_name)
     return code
+
+
+def _published_final(spec: NodeSpec, scratch: Path) -> Path | None:
+    """The manifest of this range's final checkpoint when it is already published and
+    verified (a retried node), else None. With a destination, only what is published there
+    counts (fetched and sha-checked into the scratch dir); without, the named copy here."""
+    from muongen import checkpoint as ckpt
+
+    if spec.ckpt_dest:
+        from muongen.storage.publish import fetch_published
+
+        pt = fetch_published(spec.ckpt_dest, spec.range_name, str(scratch))
+        return None if pt is None else ckpt.manifest_for(pt)
+    local = scratch / f"{spec.range_name}.json"
+    if not local.exists():
+        return None
+    try:
+        ckpt.verify(local)
+    except CheckpointError as exc:
+        log.warning("node %s: not final, training again: %s", spec.range_name, exc)
+        return None
+    return local
 
 
 def _fetch_previous(manifest: str, dest: Path) -> Path:
     """The previous range's checkpoint as a verified local manifest path."""
+    from muongen import checkpoint as ckpt
     from muongen.storage import is_remote
-    from muongen.train import checkpoint as ckpt
 
     if is_remote(manifest) or manifest.startswith("file://"):
         from muongen.storage.publish import fetch_checkpoint
@@ -201,7 +230,7 @@ def run_local_chain(
     SIGTERM, SIGINT or SIGHUP is passed on to the running node as SIGTERM (it checkpoints
     and exits 85); the chain then stops with 128 + the signal's number.
     """
-    from muongen.train import checkpoint as ckpt
+    from muongen import checkpoint as ckpt
     from submit.campaign import load_campaign, node_arguments, plan_nodes
     from submit.errors import SubmitError
 
@@ -361,7 +390,7 @@ class _NodeRunner:
 
 
 def _write_json(path: Path, obj) -> None:
-    from muongen.train.checkpoint import atomic_write
+    from muongen.checkpoint import atomic_write
 
     atomic_write(path, (json.dumps(obj, indent=2) + "\n").encode())
 
@@ -402,15 +431,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.node:
+        from muongen.train.signals import Evicted, StopRequest
+
         if not args.range_name or not args.data:
             raise CampaignError("--node needs --range and --data")
+        stop = StopRequest().install()  # an eviction during start-up exits 85 too
         try:
-            return _run_node_from_args(args)
+            return _run_node_from_args(args, stop)
         except StorageError as exc:
             # Transient on the grid (an origin down, a cache hiccup): ask to be held and
             # released later rather than burning one of DAGMan's retries.
             print(f"muongen chain: storage error: {exc}", file=sys.stderr)
             return C.EXIT_TRANSIENT
+        except Evicted as exc:
+            print(f"muongen chain: {exc}", file=sys.stderr)
+            return exc.exit_code
+        finally:
+            stop.restore()
     if not args.local or not args.campaign_file:
         raise CampaignError(
             "give a campaign file and --local to run the chain here, or --node to run one node; "
@@ -426,7 +463,7 @@ def run(args: argparse.Namespace) -> int:
     )
 
 
-def _run_node_from_args(args: argparse.Namespace) -> int:
+def _run_node_from_args(args: argparse.Namespace, stop=None) -> int:
     return run_node(
         NodeSpec(
             range_name=args.range_name,
@@ -439,5 +476,6 @@ def _run_node_from_args(args: argparse.Namespace) -> int:
             self_checkpoint_s=args.self_checkpoint_s,
             scratch=args.scratch,
             campaign=args.campaign_name,
-        )
+        ),
+        stop,
     )

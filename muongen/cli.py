@@ -26,6 +26,7 @@ VERBS: dict[str, str] = {
     "train": "muongen.train.command",
     "chain": "muongen.chain",
     "sample": "muongen.evaluate.sample_command",
+    "export": "muongen.export",
     "evaluate": "muongen.evaluate.command",
     "synth": "muongen.data.synth",
     "inspect": "muongen.data.inspect",

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import yaml
 
+from muongen import checkpoint as ckpt
 from muongen.chain import NodeSpec, node_config
 from muongen.errors import ConfigError
-from muongen.train import checkpoint as ckpt
 from submit import constants as C
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,7 @@
-"""`muongen inspect FILE...`: what a production file holds, at a glance or as JSON.
+"""`muongen inspect INPUT...`: what a production file holds, at a glance or as JSON.
+
+INPUT is anything the other verbs take: files, folders, globs, pelican:// / osdf:// URLs
+with wildcards (:func:`muongen.storage.files.expand_inputs`).
 
 Per file: the format (told from the content), rows, muons, empty rows, the multiplicity
 distribution (mean, max, quantiles), the ranges of the primary's energy, zenith, mass and
@@ -118,14 +121,39 @@ def format_text(info: dict[str, Any]) -> str:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("files", nargs="+", metavar="FILE", help="input files (any format)")
+    parser.add_argument(
+        "files",
+        nargs="+",
+        metavar="INPUT",
+        help=(
+            "input files (any format), folders, globs, or pelican:// / osdf:// URLs with "
+            "wildcards in any path component"
+        ),
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per file per line")
     parser.add_argument("--events", type=int, default=3, help="events to show per file (default 3)")
 
 
-def run(args: argparse.Namespace) -> int:
+def _inputs(patterns: list[str], as_json: bool) -> tuple[list[str], int]:
+    """The files each pattern names (storage's resolver), and how many patterns failed."""
+    from muongen.storage.files import expand_inputs
+
+    urls: list[str] = []
     failed = 0
-    for url in args.files:
+    for pattern in patterns:
+        try:
+            urls += [u for u in expand_inputs(pattern) if u not in urls]
+        except MuongenError as exc:
+            failed += 1
+            if as_json:
+                print(json.dumps({"file": pattern, "error": str(exc)}))
+            print(f"muongen inspect: error: {exc}", file=sys.stderr)
+    return urls, failed
+
+
+def run(args: argparse.Namespace) -> int:
+    urls, failed = _inputs(args.files, args.json)
+    for url in urls:
         try:
             info = inspect_file(url, events=args.events)
         except MuongenError as exc:

@@ -175,7 +175,7 @@ def make_figures(samples: dict[str, EventSample], result: dict[str, Any]) -> dic
     real = samples["real"]
     others = {k: v for k, v in samples.items() if k != "real"}
     return {
-        "features": plots.feature_histograms(real, others),
+        **plots.feature_figures(real, others),
         "multiplicity_vs_energy": plots.multiplicity_vs_energy(real, others),
         "by_depth": plots.by_depth(real, {"model": samples["model"]}),
         "binned_ratios": plots.binned_ratios(result),
@@ -197,7 +197,7 @@ def write_outputs(
 
 
 def _checkpoint_meta(path: str) -> dict[str, Any]:
-    from muongen.train.checkpoint import read_manifest, resolve
+    from muongen.checkpoint import read_manifest, resolve
 
     manifest = resolve(path)
     meta = read_manifest(manifest)
@@ -205,7 +205,7 @@ def _checkpoint_meta(path: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from muongen.train.checkpoint import load_for_inference
+    from muongen.checkpoint import load_for_inference
 
     if args.events is not None and args.events < 4:
         raise ConfigError("--events must be >= 4")

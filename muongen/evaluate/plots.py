@@ -1,16 +1,22 @@
-"""Evaluation plots (matplotlib, Agg; no pyplot state, so they are safe in a training loop).
+"""Evaluation plots in the HEP style of ``mplhep`` (matplotlib Agg; no pyplot state, so they
+are safe in a training loop).
 
 Every function takes :class:`EventSample` objects (held-out simulation first, then a dict
-label -> generated samples) and returns a :class:`matplotlib.figure.Figure`; the caller
-saves or logs it (:func:`save_figures`, ``TensorBoardLogger.figure``).
+label -> generated samples) and returns a :class:`matplotlib.figure.Figure` (or a dict
+name -> Figure); the caller saves or logs them (:func:`save_figures`,
+``TensorBoardLogger.figure``). Style: mplhep's experiment-neutral ROOT style, applied per
+figure through ``rc_context`` (never globally), axis labels with units, log axes where a
+quantity spans decades, a legend entry for every line, ratio panels under histograms.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 from pathlib import Path
 from typing import Any
 
+import matplotlib
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -21,24 +27,68 @@ from muongen.evaluate.metrics import default_edges
 REAL_LABEL = "simulation (held-out)"
 COLORS = tuple(f"tab:{c}" for c in ("blue", "orange", "green", "purple", "brown", "cyan", "olive"))
 
-#: Axis labels of the observables.
+#: Axis labels of the observables, with units.
 LABELS = {
-    "log10_energy": "muon log10(E / GeV)",
-    "radius": "muon radius r / m",
-    "x": "muon x / m",
-    "y": "muon y / m",
-    "multiplicity": "log10(N + 1)",
-    "log10_total_energy": "log10(sum E / GeV)",
-    "log10_leading_energy": "log10(leading E / GeV)",
-    "mean_radius": "mean radius / m",
+    "log10_energy": r"muon $\log_{10}(E_\mu\,/\,\mathrm{GeV})$",
+    "radius": r"muon distance to the axis $r$ [m]",
+    "x": r"muon $x$ [m]",
+    "y": r"muon $y$ [m]",
+    "multiplicity": r"$\log_{10}(N_\mu + 1)$",
+    "log10_total_energy": r"$\log_{10}(\sum E_\mu\,/\,\mathrm{GeV})$",
+    "log10_leading_energy": r"$\log_{10}(E_\mu^\mathrm{leading}\,/\,\mathrm{GeV})$",
+    "mean_radius": r"bundle mean $r$ [m]",
 }
+#: Observables histogrammed in log-spaced bins on a log axis (they span decades).
+LOG_X = ("radius", "mean_radius")
+#: Units of one x unit, for the density axis label.
+X_UNITS = {"radius": "1/m", "x": "1/m", "y": "1/m", "mean_radius": "1/m"}
+
+
+def _style() -> dict[str, Any]:
+    import mplhep
+
+    style = dict(mplhep.style.ROOT)
+    style.pop("text.usetex", None)
+    style.update({"font.size": 13, "legend.fontsize": 10, "axes.labelsize": 14})
+    return style
+
+
+def hep(fn):
+    """Draw inside mplhep's style (``rc_context``: nothing global changes)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with matplotlib.rc_context(_style()):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+class HepFigure(Figure):
+    """A Figure that draws in mplhep's style wherever it is rendered (a PNG here, an image
+    for TensorBoard elsewhere): fonts and mathtext are resolved at draw time."""
+
+    def draw(self, renderer) -> None:
+        with matplotlib.rc_context(_style()):
+            super().draw(renderer)
 
 
 def new_figure(width: float, height: float) -> Figure:
     """A Figure drawn by the Agg canvas (never registered with pyplot)."""
-    fig = Figure(figsize=(width, height), layout="constrained")
+    fig = HepFigure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
     return fig
+
+
+def ratio_axes(fig: Figure, spec=None) -> tuple[Any, Any]:
+    """A main panel over a ratio panel sharing x (3:1), in ``fig`` or a subplot spec."""
+    grid = (spec.subgridspec if spec is not None else fig.add_gridspec)(
+        2, 1, height_ratios=[3, 1], hspace=0.05
+    )
+    ax = fig.add_subplot(grid[0])
+    rax = fig.add_subplot(grid[1], sharex=ax)
+    ax.tick_params(labelbottom=False)
+    return ax, rax
 
 
 def save_figures(figures: dict[str, Figure], out_dir: str | Path, dpi: int = 110) -> list[Path]:
@@ -53,8 +103,9 @@ def save_figures(figures: dict[str, Figure], out_dir: str | Path, dpi: int = 110
     return paths
 
 
-def _finite(x: np.ndarray) -> np.ndarray:
-    return x[np.isfinite(x)]
+def _finite(x: np.ndarray, log: bool = False) -> np.ndarray:
+    x = np.asarray(x, dtype=float)
+    return x[np.isfinite(x) & (x > 0)] if log else x[np.isfinite(x)]
 
 
 def _edges(name: str, ref: np.ndarray, n_bins: int) -> np.ndarray:
@@ -64,67 +115,141 @@ def _edges(name: str, ref: np.ndarray, n_bins: int) -> np.ndarray:
         counts = np.unique(np.floor(np.geomspace(1, n_max + 1, n_bins)).astype(int))
         return np.log10(np.concatenate([[0], counts]) + 0.5)
     if ref.size == 0:
-        return np.linspace(0.0, 1.0, n_bins + 1)
+        return np.geomspace(0.1, 1.0, n_bins + 1) if name in LOG_X else np.linspace(0, 1, 2)
     lo, hi = np.quantile(ref, [0.002, 0.998])
+    if name in LOG_X:
+        lo, hi = max(lo, 1e-3), max(hi, 2 * max(lo, 1e-3))
+        return np.geomspace(lo / 1.05, hi * 1.05, n_bins + 1)
     if hi <= lo:
         lo, hi = lo - 0.5, hi + 0.5
     pad = 0.02 * (hi - lo)
     return np.linspace(lo - pad, hi + pad, n_bins + 1)
 
 
+def weighted_hist(
+    values: np.ndarray, edges: np.ndarray, weights: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Sum of weights per bin and its error sqrt(sum w^2) (Poisson for unit weights)."""
+    w = np.ones_like(values, dtype=float) if weights is None else np.asarray(weights, float)
+    s, _ = np.histogram(values, edges, weights=w)
+    s2, _ = np.histogram(values, edges, weights=w * w)
+    return s, np.sqrt(s2)
+
+
+def draw_ratio(rax, edges, num, num_err, den, den_err, color, label=None) -> None:
+    """num / den per bin with both errors added in quadrature, as points."""
+    centres = np.sqrt(edges[1:] * edges[:-1]) if edges[0] > 0 else 0.5 * (edges[1:] + edges[:-1])
+    ok = (num > 0) & (den > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = num / den
+        err = r * np.sqrt((num_err / num) ** 2 + (den_err / den) ** 2)
+    rax.errorbar(centres[ok], r[ok], yerr=err[ok], fmt="o", ms=3, color=color, lw=1, label=label)
+
+
 def histogram_with_ratio(
     ax, rax, name: str, ref: np.ndarray, others: dict[str, np.ndarray], n_bins: int = 40
 ) -> None:
-    """Normalised histograms of ``ref`` and ``others`` on ``ax``; other / ref on ``rax``
-    with Poisson errors of both."""
-    ref = _finite(ref)
+    """Normalised histograms of ``ref`` (filled, with errors) and ``others`` (lines) on
+    ``ax``; other / ref on ``rax`` with the errors of both; a legend entry for each."""
+    import mplhep
+
+    log_x = name in LOG_X
+    ref = _finite(ref, log_x)
     edges = _edges(name, ref, n_bins)
     width = np.diff(edges)
-    centres = 0.5 * (edges[1:] + edges[:-1])
-    n_ref, _ = np.histogram(ref, edges)
-    d_ref = n_ref / max(n_ref.sum(), 1) / width
-    ax.stairs(d_ref, edges, fill=True, color="0.8", label=REAL_LABEL)
+    n_ref, e_ref = weighted_hist(ref, edges)
+    norm_ref = max(ref.size, 1) * width
+    mplhep.histplot(
+        n_ref / norm_ref,
+        edges,
+        yerr=e_ref / norm_ref,
+        histtype="fill",
+        color="0.8",
+        label=REAL_LABEL,
+        ax=ax,
+        flow="none",
+    )
     outside = []
     for color, (label, values) in zip(COLORS, others.items()):
-        values = _finite(values)
-        n, _ = np.histogram(values, edges)
+        values = _finite(values, log_x)
+        n, e = weighted_hist(values, edges)
         # normalised to all values, so that mass outside the axis range shows as missing
-        d = n / max(values.size, 1) / width
+        norm = max(values.size, 1) * width
         if values.size and n.sum() < 0.99 * values.size:
             outside.append(f"{label}: {1 - n.sum() / values.size:.0%} outside")
-        ax.stairs(d, edges, color=color, lw=1.4, label=label)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            r = d / d_ref
-            err = r * np.sqrt(1.0 / n + 1.0 / n_ref)
-        ok = (n_ref > 0) & (n > 0)
-        rax.errorbar(centres[ok], r[ok], yerr=err[ok], fmt=".", ms=3, color=color, lw=0.8)
+        mplhep.histplot(
+            n / norm,
+            edges,
+            yerr=e / norm,
+            histtype="step",
+            color=color,
+            lw=1.4,
+            label=label,
+            ax=ax,
+            flow="none",
+        )
+        draw_ratio(
+            rax,
+            edges,
+            n / norm,
+            e / norm,
+            n_ref / norm_ref,
+            e_ref / norm_ref,
+            color,
+            label=f"{label} / simulation",
+        )
     if outside:
         ax.text(
-            0.98, 0.97, "\n".join(outside), transform=ax.transAxes, ha="right", va="top", fontsize=7
+            0.98,
+            0.97,
+            "\n".join(outside),
+            transform=ax.transAxes,
+            ha="right",
+            va="top",
+            fontsize=8,
         )
     ax.set_yscale("log")
-    ax.tick_params(labelbottom=False)
-    ax.set_ylabel("density")
+    unit = X_UNITS.get(name)
+    ax.set_ylabel(r"$1/N\;\mathrm{d}N/\mathrm{d}x$" + (f" [{unit}]" if unit else ""))
+    ax.legend(fontsize=9, loc="lower center" if name in ("x", "y") else "best")
     rax.axhline(1.0, color="0.4", lw=0.8)
     rax.set_ylim(0.0, 2.0)
-    rax.set_xlim(edges[0], edges[-1])
-    ax.set_xlim(edges[0], edges[-1])
     rax.set_ylabel("ratio")
     rax.set_xlabel(LABELS.get(name, name))
+    if log_x:
+        ax.set_xscale("log")
+    ax.set_xlim(edges[0], edges[-1])
 
 
+@hep
+def feature_figure(name: str, real: EventSample, others: dict[str, EventSample]) -> Figure:
+    """One observable (muon or event level): normalised histograms with a ratio panel."""
+    kind = "muon" if name in MUON_OBSERVABLES else "event"
+    fig = new_figure(6.5, 6)
+    ax, rax = ratio_axes(fig)
+    vals = {k: getattr(s, kind)[name] for k, s in others.items()}
+    histogram_with_ratio(ax, rax, name, getattr(real, kind)[name], vals)
+    return fig
+
+
+def feature_figures(real: EventSample, others: dict[str, EventSample]) -> dict[str, Figure]:
+    """One figure per observable, named ``muon_<name>`` / ``event_<name>``."""
+    out = {f"muon_{n}": feature_figure(n, real, others) for n in MUON_OBSERVABLES}
+    out.update({f"event_{n}": feature_figure(n, real, others) for n in EVENT_OBSERVABLES})
+    return out
+
+
+@hep
 def feature_histograms(real: EventSample, others: dict[str, EventSample]) -> Figure:
-    """Per-muon and per-event observables: histograms with ratio panels (2 x 4 panels)."""
-    fig = new_figure(16, 8)
-    grid = fig.add_gridspec(4, 4, height_ratios=[3, 1, 3, 1])
+    """All per-muon and per-event observables in one overview figure (2 x 4 panels with
+    ratio panels; for TensorBoard, where one image per check is easier to follow)."""
+    fig = new_figure(22, 11)
+    grid = fig.add_gridspec(2, 4)
     for row, (kind, names) in enumerate((("muon", MUON_OBSERVABLES), ("event", EVENT_OBSERVABLES))):
         for col, name in enumerate(names):
-            ax = fig.add_subplot(grid[2 * row, col])
-            rax = fig.add_subplot(grid[2 * row + 1, col], sharex=ax)
+            ax, rax = ratio_axes(fig, grid[row, col])
             vals = {k: getattr(s, kind)[name] for k, s in others.items()}
             histogram_with_ratio(ax, rax, name, getattr(real, kind)[name], vals)
-            if row == 0 and col == 0:
-                ax.legend(fontsize=8)
     return fig
 
 
@@ -153,16 +278,19 @@ def _profile(x: np.ndarray, y: np.ndarray, edges: np.ndarray) -> tuple[np.ndarra
     return mean, err
 
 
+@hep
 def multiplicity_vs_energy(real: EventSample, others: dict[str, EventSample]) -> Figure:
     """Mean log10(N + 1) against primary log10 energy, one colour per primary mass group:
-    held-out simulation as points with errors, generated samples as lines."""
-    fig = new_figure(7, 5)
-    ax = fig.add_subplot()
+    held-out simulation as points with errors, generated samples as lines; the ratio
+    panel shows (N + 1) generated / simulated, 10^(mean difference)."""
+    fig = new_figure(7.5, 6.5)
+    ax, rax = ratio_axes(fig)
     log_e = real.condition("log10_energy")
     edges = np.linspace(log_e.min(), log_e.max() + 1e-9, 13) if real.n_events else np.arange(2.0)
     centres = 0.5 * (edges[1:] + edges[:-1])
     styles = ("-", "--", ":", "-.")
     for color, (label, (lo, hi)) in zip(COLORS * 2, _mass_groups(real)):
+        ref = None
         for i, sample in enumerate([real, *others.values()]):
             la = sample.condition("log10_mass")
             sel = (la >= lo) & (la <= hi)
@@ -170,20 +298,35 @@ def multiplicity_vs_energy(real: EventSample, others: dict[str, EventSample]) ->
                 sample.condition("log10_energy")[sel], sample.event["multiplicity"][sel], edges
             )
             if i == 0:
-                ax.errorbar(centres, mean, yerr=err, fmt="o", ms=3, color=color, label=f"{label}")
+                ref = (mean, err)
+                ax.errorbar(centres, mean, yerr=err, fmt="o", ms=4, color=color, label=label)
             else:
-                ax.plot(centres, mean, styles[(i - 1) % 4], color=color, lw=1.2)
+                ax.plot(centres, mean, styles[(i - 1) % 4], color=color, lw=1.4)
+                ratio = 10.0 ** (mean - ref[0])
+                rax.errorbar(
+                    centres,
+                    ratio,
+                    yerr=ratio * np.log(10) * np.hypot(err, ref[1]),
+                    fmt=styles[(i - 1) % 4][0] if i > 1 else "o-",
+                    ms=3,
+                    color=color,
+                    lw=1,
+                )
     for i, name in enumerate(others):
-        ax.plot([], [], styles[i % 4], color="0.3", label=name)
-    ax.set_xlabel("primary log10(E / GeV)")
-    ax.set_ylabel("mean log10(N + 1)")
-    ax.legend(fontsize=8, title=f"points: {REAL_LABEL}", title_fontsize=8)
+        ax.plot([], [], styles[i % 4], color="0.3", label=f"{name} (lines)")
+    ax.set_ylabel(r"mean $\log_{10}(N_\mu + 1)$")
+    ax.legend(fontsize=9, title=f"points: {REAL_LABEL}", title_fontsize=9)
+    rax.axhline(1.0, color="0.4", lw=0.8)
+    rax.set_ylim(0.5, 1.5)
+    rax.set_ylabel("ratio")
+    rax.set_xlabel(r"primary $\log_{10}(E\,/\,\mathrm{GeV})$")
     return fig
 
 
+@hep
 def by_depth(real: EventSample, others: dict[str, EventSample]) -> Figure:
     """Median and 16-84 % band of muon log10 energy and radius against vertical depth."""
-    fig = new_figure(12, 4.5)
+    fig = new_figure(13, 5)
     axes = fig.subplots(1, 2)
     edges = default_edges(real.condition("depth"), 8, decimals=0)
     centres = 0.5 * (edges[1:] + edges[:-1])
@@ -203,11 +346,13 @@ def by_depth(real: EventSample, others: dict[str, EventSample]) -> Figure:
             else:
                 color = COLORS[(i - 1) % len(COLORS)]
                 ax.plot(centres, q[:, 1], "--", color=color, lw=1.5, label=f"{label} median")
-                ax.plot(centres, q[:, 0], ":", color=color, lw=1)
+                ax.plot(centres, q[:, 0], ":", color=color, lw=1, label=f"{label} 16 %, 84 %")
                 ax.plot(centres, q[:, 2], ":", color=color, lw=1)
-        ax.set_xlabel("vertical depth / m")
+        ax.set_xlabel("vertical depth [m]")
         ax.set_ylabel(LABELS[name])
-    axes[0].legend(fontsize=8)
+        if name in LOG_X:
+            ax.set_yscale("log")
+        ax.legend(fontsize=9)
     return fig
 
 
@@ -220,10 +365,11 @@ KEY_METRICS = (
 )
 
 
+@hep
 def binned_ratios(result: dict[str, Any], metrics: tuple[str, ...] = KEY_METRICS) -> Figure:
     """Ratio to floor of each metric in each condition bin (model: filled, baseline: open)."""
     binned = result.get("binned", {})
-    fig = new_figure(5 * max(len(binned), 1), 4.5)
+    fig = new_figure(5.5 * max(len(binned), 1), 5)
     axes = np.atleast_1d(fig.subplots(1, max(len(binned), 1)))
     target = result.get("ratio_target", 3.0)
     for ax, (var, info) in zip(axes, binned.items()):
@@ -237,10 +383,112 @@ def binned_ratios(result: dict[str, Any], metrics: tuple[str, ...] = KEY_METRICS
             base = [r["metrics"][m].get("baseline_ratio") for r in rows]
             ax.plot(centres, np.array(model, dtype=float), "o-", color=color, ms=4, label=m)
             ax.plot(centres, np.array(base, dtype=float), "o", mfc="none", color=color, ms=5)
-        ax.axhline(1.0, color="0.4", lw=0.8)
-        ax.axhline(target, color="tab:red", lw=0.8, ls="--")
+        ax.axhline(1.0, color="0.4", lw=0.8, label="floor")
+        ax.axhline(target, color="tab:red", lw=0.8, ls="--", label=f"target {target:g} x floor")
         ax.set_yscale("log")
         ax.set_xlabel(var)
         ax.set_ylabel("metric / floor")
-    axes[0].legend(fontsize=7, title="filled: model, open: baseline", title_fontsize=7)
+    axes[0].legend(fontsize=8, title="filled: model, open: baseline", title_fontsize=8)
+    return fig
+
+
+@hep
+def weighted_energy_spectrum(
+    energy: np.ndarray,
+    weights: np.ndarray,
+    edges: np.ndarray,
+    model_rate: np.ndarray,
+    model_label: str,
+) -> Figure:
+    """Weighted primary energy spectrum E dR/dE of a sample against the flux model's
+    binned rate (same units, 1/(m^2 s)), with the sample / model ratio."""
+    import mplhep
+
+    fig = new_figure(7, 6.5)
+    ax, rax = ratio_axes(fig)
+    rate, err = weighted_hist(energy, edges, weights)
+    per_ln_e = np.log(edges[1:] / edges[:-1])
+    mplhep.histplot(
+        model_rate / per_ln_e,
+        edges,
+        histtype="step",
+        color="0.3",
+        lw=2,
+        ax=ax,
+        label=f"{model_label} (integral per bin)",
+        flow="none",
+    )
+    mplhep.histplot(
+        rate / per_ln_e,
+        edges,
+        yerr=err / per_ln_e,
+        histtype="errorbar",
+        color=COLORS[0],
+        ax=ax,
+        label=f"weighted sample ({len(energy):,} showers)",
+        flow="none",
+    )
+    draw_ratio(rax, edges, rate, err, model_rate, np.zeros_like(model_rate), COLORS[0])
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_ylabel(r"$E\,\mathrm{d}R/\mathrm{d}E$ [m$^{-2}$ s$^{-1}$]")
+    ax.legend()
+    rax.axhline(1.0, color="0.4", lw=0.8)
+    rax.set_ylim(0.8, 1.2)
+    rax.set_ylabel("sample / model")
+    rax.set_xlabel(r"primary energy $E$ [GeV]")
+    ax.set_xlim(edges[0], edges[-1])
+    return fig
+
+
+@hep
+def weighted_multiplicity(
+    counts: np.ndarray, weights: np.ndarray, depth_m: float, flux_label: str
+) -> Figure:
+    """Bundle multiplicity (N >= 1) at one depth: flux-weighted (a rate) against
+    unweighted (as generated), both normalised to unit sum for the shapes, with the
+    weighted / unweighted ratio."""
+    import mplhep
+
+    fig = new_figure(7, 6.5)
+    ax, rax = ratio_axes(fig)
+    sel = counts >= 1
+    n, w = counts[sel].astype(float), weights[sel]
+    top = max(float(n.max()) if n.size else 1.0, 2.0)
+    edges = np.unique(np.floor(np.geomspace(1, top + 1, 30))) - 0.5
+    edges = np.append(edges, top + 0.5) if edges[-1] < top + 0.5 else edges
+    wr, we = weighted_hist(n, edges, w)
+    ur, ue = weighted_hist(n, edges)
+    ws, us = max(wr.sum(), 1e-300), max(ur.sum(), 1)
+    mplhep.histplot(
+        wr / ws,
+        edges,
+        yerr=we / ws,
+        histtype="errorbar",
+        color=COLORS[0],
+        ax=ax,
+        flow="none",
+        label=f"{flux_label}-weighted: {w.sum():.3g} bundles m$^{{-2}}$ s$^{{-1}}$",
+    )
+    mplhep.histplot(
+        ur / us,
+        edges,
+        yerr=ue / us,
+        histtype="step",
+        color=COLORS[1],
+        lw=1.5,
+        ax=ax,
+        flow="none",
+        label=f"unweighted (as generated): {int(sel.sum()):,} bundles",
+    )
+    draw_ratio(rax, edges, wr / ws, we / ws, ur / us, ue / us, COLORS[0])
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_ylabel("fraction of bundles per bin")
+    ax.legend(title=f"vertical depth {depth_m:g} m", fontsize=9, title_fontsize=10)
+    rax.axhline(1.0, color="0.4", lw=0.8)
+    rax.set_yscale("log")
+    rax.set_ylabel("weighted / unw.")
+    rax.set_xlabel(r"muons per bundle $N_\mu$")
+    ax.set_xlim(edges[0], edges[-1])
     return fig

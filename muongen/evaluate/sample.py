@@ -106,6 +106,14 @@ def parse_grid(spec: str) -> np.ndarray:
     return np.repeat(grid, count, axis=0)
 
 
+def parse_depths(text: str) -> np.ndarray:
+    """``1500`` / ``1500,2000`` / ``1000:2800:100`` (n linearly spaced) -> depths (D,) in m."""
+    values = _grid_values(text, "depth", [t.strip() for t in text.split(",")])
+    if values.size == 0 or not np.all(values > 0):
+        raise ConfigError(f"--depths {text!r}: depths must be > 0 m, e.g. 1500 or 1000:2800:10")
+    return values
+
+
 def read_inputs(patterns: list[str] | str, max_events: int | None = None) -> RaggedBatch:
     """Events of every file matching ``patterns`` (files, folders, globs; sorted), in
     physical units, stopping after ``max_events``."""
@@ -221,14 +229,66 @@ def timed_generate(generator, conditions, **kw) -> tuple[RaggedBatch, Throughput
     return batch, Throughput(batch.n_events, batch.n_muons, seconds, str(device))
 
 
-def write_sample(path: str, batch: RaggedBatch, fmt: str, *, seed: int = 0) -> None:
+def write_sample(
+    path: str,
+    batch: RaggedBatch,
+    fmt: str,
+    *,
+    seed: int = 0,
+    minor: np.ndarray | None = None,
+    weights: np.ndarray | None = None,
+) -> None:
     """Write generated events in a production schema; v1 and HDF5 get shower ids
-    (major = seed, minor = row number)."""
-    from muongen.data.writers import write_events
+    (major = seed, minor = ``minor``, default the row number).
+
+    ``weights`` (B,) go beside the events: a float64 ``weight`` column in Parquet (readers
+    that want only the production columns ignore it), a ``weights`` dataset in HDF5.
+    """
+    import os
+
+    from muongen.data.writers import parquet_table, write_events
 
     fmt = FORMAT_NAMES.get(fmt, fmt)
     if fmt not in schema.FORMATS:
         raise ConfigError(f"unknown output format {fmt!r}; use v1, v2 or hdf5")
     n = batch.n_events
-    ids = (np.full(n, seed, dtype=np.uint64), np.arange(n, dtype=np.uint64))
-    write_events(path, batch, fmt, ids=None if fmt == schema.FORMAT_V2 else ids)
+    minor = np.arange(n) if minor is None else np.asarray(minor)
+    ids = (np.full(n, seed, dtype=np.uint64), minor.astype(np.uint64))
+    ids = None if fmt == schema.FORMAT_V2 else ids
+    if weights is None:
+        write_events(path, batch, fmt, ids=ids)
+        return
+    weights = np.asarray(weights, dtype=np.float64)
+    if weights.shape != (n,):
+        raise ValueError(f"weights must be ({n},), got {weights.shape}")
+    if fmt == schema.FORMAT_HDF5:
+        import h5py
+
+        write_events(path, batch, fmt, ids=ids)
+        with h5py.File(path, "a") as h5:
+            h5.create_dataset("weights", data=weights)
+        return
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = parquet_table(batch, fmt, ids=ids).append_column("weight", pa.array(weights))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def read_weights(path: str) -> np.ndarray:
+    """The per-event weights written by :func:`write_sample` (local files)."""
+    if path.endswith((".h5", ".hdf5", ".hdf")):
+        import h5py
+
+        with h5py.File(path, "r") as h5:
+            return np.asarray(h5["weights"][:], dtype=np.float64)
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path, columns=["weight"]).column("weight").to_numpy()

@@ -1,24 +1,33 @@
 """`muongen sample`: generate muon bundles for given primaries and write them to a file.
 
-    muongen sample --checkpoint CKPT (--primaries FILE... | --grid SPEC) --out FILE
-                   [--format v1|v2|hdf5] [--device auto] [--batch 4096] [--seed 0]
-                   [--events N]
+    muongen sample --checkpoint CKPT (--primaries INPUT... | --grid SPEC | --flux MODEL)
+                   --out FILE [--format v1|v2|hdf5] [--device auto] [--batch 4096]
+                   [--seed 0] [--events N]
+    flux: --flux H3a|H4a|GST|GSF --showers N [--energy 1e4:1e9] [--zenith 0:85]
+          [--depths 1500] [--masses 1,4,14,27,56] [--gamma 2] [--area perpendicular]
+          [--report DIR]
 
 The output has the production schema the trainer reads (v1 with shower ids), so it
 round-trips through `muongen inspect` and the loader. Prints events/s and muons/s.
+With ``--flux`` the primaries come from a generation spectrum and every row carries a
+weight in 1/(m^2 s) (see :mod:`muongen.evaluate.flux`); ``--report`` gets flux.json and
+the figures of :mod:`muongen.evaluate.flux_report`.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 from pathlib import Path
 
 from muongen.errors import ConfigError
+from muongen.evaluate.flux import AREAS, DEFAULT_MASSES, FLUX_MODELS, parse_range
 from muongen.evaluate.sample import (
     FORMAT_NAMES,
     GRID_EXAMPLE,
+    parse_depths,
     parse_grid,
     read_inputs,
     resolve_device,
@@ -26,7 +35,7 @@ from muongen.evaluate.sample import (
     write_sample,
 )
 
-HELP = "generate muon bundles for primaries from a file or a grid; write v1/v2/HDF5 files"
+HELP = "generate muon bundles for primaries from files, a grid or a flux model; write v1/v2/HDF5"
 log = logging.getLogger(__name__)
 
 
@@ -41,7 +50,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--primaries",
         nargs="+",
         metavar="FILE",
-        help="Parquet/HDF5 event files (or folders, globs) whose primaries are used; muons ignored",
+        help=(
+            "event files, folders, globs or pelican:// / osdf:// URLs (wildcards allowed) whose "
+            "primaries are used; muons ignored"
+        ),
     )
     src.add_argument(
         "--grid",
@@ -50,6 +62,35 @@ def configure(parser: argparse.ArgumentParser) -> None:
             f"grid of primaries, e.g. {GRID_EXAMPLE} (energy GeV, log-spaced for a:b:n; "
             "zenith rad; mass A; depth m; count events per point)"
         ),
+    )
+    src.add_argument(
+        "--flux",
+        choices=sorted(FLUX_MODELS),
+        help="draw primaries from a generation spectrum and weight them to this flux model",
+    )
+    flux = parser.add_argument_group("flux weighting (with --flux)")
+    flux.add_argument("--showers", type=int, help="showers to generate (each at every depth)")
+    flux.add_argument("--energy", default="1e4:1e9", help="primary energy min:max, GeV")
+    flux.add_argument("--zenith", default="0:85", help="zenith min:max, degrees")
+    flux.add_argument(
+        "--depths", default="1500", help="vertical depths, m: 1500, 1500,2000 or 1000:2800:10"
+    )
+    flux.add_argument(
+        "--masses",
+        default=",".join(f"{m:g}" for m in DEFAULT_MASSES),
+        help="mass groups (A), equal showers each; the model's elements go to the nearest",
+    )
+    flux.add_argument(
+        "--gamma", type=float, default=2.0, help="generation spectrum E^-gamma (default 2)"
+    )
+    flux.add_argument(
+        "--area",
+        choices=AREAS,
+        default="perpendicular",
+        help="weights per unit area perpendicular to the shower axis (default) or horizontal",
+    )
+    flux.add_argument(
+        "--report", default=None, help="folder for flux.json and plots (default: OUT-report)"
     )
     parser.add_argument("--out", required=True, help="output file")
     parser.add_argument(
@@ -73,13 +114,15 @@ def output_format(out: str, fmt: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from muongen.train.checkpoint import load_for_inference
+    from muongen.checkpoint import load_for_inference
 
     if args.batch < 1 or args.seed < 0:
         raise ConfigError("--batch must be >= 1 and --seed >= 0")
     fmt = output_format(args.out, args.format)
     device = resolve_device(args.device)
     generator, _ = load_for_inference(args.checkpoint, device)
+    if args.flux:
+        return run_flux(args, generator, device, fmt)
     if args.grid:
         conditions = parse_grid(args.grid)
         if args.events is not None:
@@ -95,6 +138,12 @@ def run(args: argparse.Namespace) -> int:
     )
     write_sample(args.out, batch, fmt, seed=args.seed)
     print(speed.line())
+    _warn_capped(generator, batch)
+    print(f"wrote {args.out} ({fmt}, {batch.n_events:,} events from {source})")
+    return 0
+
+
+def _warn_capped(generator, batch) -> None:
     cap = getattr(generator, "max_muons", 0)
     capped = int((batch.counts >= cap).sum()) if cap else 0
     if capped:
@@ -104,5 +153,56 @@ def run(args: argparse.Namespace) -> int:
             "the checkpoint's config if these bundles matter downstream",
             file=sys.stderr,
         )
-    print(f"wrote {args.out} ({fmt}, {batch.n_events:,} events from {source})")
+
+
+def run_flux(args: argparse.Namespace, generator, device, fmt: str) -> int:
+    """--flux: weighted primaries -> bundles at every depth -> file + report."""
+    from muongen.evaluate.flux import FluxWeighter, Generation
+    from muongen.evaluate.flux_report import flux_report
+
+    if not args.showers or args.showers < 1:
+        raise ConfigError("--flux needs --showers N (N >= 1)")
+    try:
+        masses = tuple(float(t) for t in args.masses.split(","))
+    except ValueError:
+        raise ConfigError(f"--masses {args.masses!r} must be mass numbers, e.g. 1,4,14") from None
+    zen = parse_range(args.zenith, "zenith", "degrees")
+    gen = Generation(
+        showers=args.showers,
+        energy_gev=parse_range(args.energy, "energy", "GeV"),
+        zenith_rad=(math.radians(zen[0]), math.radians(zen[1])),
+        masses=masses,
+        gamma=args.gamma,
+    )
+    depths = parse_depths(args.depths)
+    weighter = FluxWeighter(args.flux, masses)
+    for m, ids in zip(masses, weighter.groups):
+        if not ids:
+            print(f"note: {args.flux} has no element near A = {m:g}; its showers get weight 0")
+    primaries = weighter.sample(gen, seed=args.seed, area=args.area)
+    conditions, weights, shower = primaries.conditions(depths)
+    batch, speed = timed_generate(
+        generator, conditions, device=device, batch_events=args.batch, seed=args.seed
+    )
+    write_sample(args.out, batch, fmt, seed=args.seed, minor=shower, weights=weights)
+    print(speed.line())
+    _warn_capped(generator, batch)
+    report_dir = args.report or f"{Path(args.out).with_suffix('')!s}-report"
+    summary = flux_report(report_dir, primaries, batch.counts.numpy(), depths, weighter, gen)
+    r = summary["rates"]
+    print(
+        f"{args.flux}: model integral {r['model_integral_rate']:.5g} /(m^2 s), weighted sample "
+        f"{r['sample_rate']:.5g} +- {r['sample_rate_err']:.2g} /(m^2 s) ({args.area} area, "
+        f"E {gen.energy_gev[0]:g}-{gen.energy_gev[1]:g} GeV, zenith {zen[0]:g}-{zen[1]:g} deg)"
+    )
+    for d in r["by_depth"][:10]:
+        print(
+            f"  depth {d['depth_m']:.0f} m: bundles (N >= 1) {d['bundle_rate']:.4g} +- "
+            f"{d['bundle_rate_err']:.2g} /(m^2 s) from {d['bundles']:,} of "
+            f"{primaries.n_showers:,} showers"
+        )
+    print(
+        f"wrote {args.out} ({fmt}, {batch.n_events:,} rows = {primaries.n_showers:,} showers x "
+        f"{len(depths)} depths, weight column in 1/(m^2 s)) and {report_dir}/flux.json + plots"
+    )
     return 0

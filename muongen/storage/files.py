@@ -18,6 +18,7 @@ import contextlib
 import glob as _glob
 import io
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import fsspec
+from fsspec.utils import glob_translate
 
 from muongen.errors import ConfigError, StorageError
 from muongen.storage import retry, tokens
@@ -163,8 +165,10 @@ def _remote_call(
     token: Token | None,
     op: Callable[[Any, Location], Any],
     policy: RetryPolicy | None = None,
+    shown: str | None = None,
 ) -> Any:
-    """Run ``op(fs, location)`` for a pelican/osdf URL with retries and clear errors."""
+    """Run ``op(fs, location)`` for a pelican/osdf URL with retries and clear errors
+    (which name ``shown``, default the URL: e.g. the pattern a listing is for)."""
     loc = _remote().locate(url)
     tok = _token(url, need, token)
     fs = _remote().filesystem(loc, tok, _settings.timeout_s)
@@ -175,7 +179,7 @@ def _remote_call(
     return retry.call(
         lambda: op(fs, loc),
         what=what,
-        url=url,
+        url=shown or url,
         policy=policy or _settings.retry,
         diagnose=diagnose,
         token_hint=_hint(url, need, tok),
@@ -193,9 +197,13 @@ def expand_inputs(
 ) -> list[str]:
     """Files, folders and globs -> a sorted, de-duplicated list of files (paths or URLs).
 
-    A local folder is searched recursively for input suffixes; a remote URL without
-    wildcards is taken as one file. Raises StorageError naming a pattern that matches
-    nothing, a ``**`` on the federation without ``maxdepth``, or a listing that failed.
+    The same inputs are accepted everywhere (inspect, sample --primaries, evaluate --data,
+    train): a file; a folder (searched recursively for input suffixes, locally and on the
+    federation); a glob with ``*``, ``?`` or ``[...]`` in any path component, locally or in
+    a pelican:// / osdf:// URL (``pelican://host/ns/*/file.*.parquet``). A remote URL
+    without wildcards that ends in an input suffix is taken as one file without a request.
+    Raises StorageError naming a pattern that matches nothing, a ``**`` on the federation
+    without ``maxdepth``, or a listing that failed.
     """
     if isinstance(patterns, str):
         patterns = [patterns]
@@ -238,38 +246,82 @@ def _expand_local(pat: str) -> list[str]:
     raise StorageError(f"input {pat} does not exist")
 
 
+def split_pattern(url: str) -> tuple[str, str]:
+    """A pelican:// / osdf:// URL -> (base URL, namespace path); the base URL is the URL
+    cut before the first component holding a wildcard (where the listing starts)."""
+    loc = _remote().locate(url)
+    path = loc.path
+    kept = []
+    for part in path.split("/"):
+        if _has_magic(part):
+            break
+        kept.append(part)
+    return loc.render("/".join(kept).rstrip("/") + "/"), path
+
+
 def _expand_remote(pat: str, maxdepth: int | None, token: Token | None) -> list[str]:
-    loc = _remote().locate(pat)
-    if not _has_magic(loc.path):
-        return [pat]
-    if "**" in loc.path and maxdepth is None:
+    base, path = split_pattern(pat)
+    loc = _remote().locate(base)
+    if not _has_magic(path):
+        if path.endswith(INPUT_SUFFIXES):
+            return [pat]  # a file: no request (explicit file lists stay free)
+        return _remote_folder(pat, token)
+    if "**" in path and maxdepth is None:
         raise StorageError(
             f"input {pat}: '**' would list every folder below it on the federation, one "
             "request per folder (the full data set is ~2M files in 100 range folders), "
             "before training could start. Write the levels out instead, e.g. "
-            f"{loc.render(loc.path.split('**')[0])}00*-*/*.parquet, or bound the depth "
+            f"{loc.render(path.split('**')[0])}00*-*/*.parquet, or bound the depth "
             "(expand_inputs(..., maxdepth=N))."
         )
 
+    root = loc.path  # the namespace path before the first wildcard component, with "/"
+    if root == "/":
+        raise StorageError(
+            f"input {pat}: a wildcard in the first path component; a federation is listed "
+            "only inside a namespace, so write the namespace out, e.g. "
+            f"{loc.render('/icecube/')}sim/*/*.parquet"
+        )
+    rest = path[len(root) :].split("/")  # the components to match below it
+    # "**" stands for up to maxdepth levels
+    depth = len(rest) - 1 + int(maxdepth or 1) if "**" in path else len(rest)
+    pattern = re.compile(glob_translate(path))
+
     def op(fs: Any, loc: Location) -> list[str]:
-        # pelicanfs 1.5 matches a glob against host-less paths: pass the namespace path
-        # only. on_error="raise": fsspec's walk would otherwise skip a folder whose
-        # listing failed, silently dropping a whole range of files.
-        # detail=True: to leave out folders that match the pattern.
-        kwargs: dict[str, Any] = {"detail": True, "on_error": "raise"}
-        if maxdepth is not None:
-            kwargs["maxdepth"] = maxdepth
+        # One listing per folder below the root, to the pattern's depth, then a match of
+        # the whole path (fsspec's glob rules: "*", "?", "[...]" stay inside a component).
+        # Not pelicanfs's glob: it starts listing at the first "*" or "[" only, so a "?"
+        # in a folder name above them became part of a literal path.
+        # on_error="raise": fsspec's walk would otherwise skip a folder whose listing
+        # failed, silently dropping a whole range of files.
         try:
-            found = fs.glob(loc.path, **kwargs)
+            found = fs.find(root, maxdepth=depth, detail=True, on_error="raise")
         except FileNotFoundError:  # the folder before the first wildcard does not exist
             return []
         return sorted(
             loc.render(p.rstrip("/"))
             for p, info in found.items()
-            if info.get("type") != "directory"
+            if info.get("type") != "directory" and pattern.match(p.rstrip("/"))
         )
 
-    return _remote_call(pat, "read", "listing", token, op)
+    return _remote_call(base, "read", "listing", token, op, shown=pat)
+
+
+def _remote_folder(url: str, token: Token | None) -> list[str]:
+    """A remote URL without wildcards: the input files below it if it is a folder (one
+    listing per folder level), else the URL itself."""
+
+    def op(fs: Any, loc: Location) -> list[str]:
+        if not fs.isdir(loc.path):  # (pelicanfs's info() calls every path a file)
+            return [url] if fs.exists(loc.path) else []
+        found = fs.find(loc.path, detail=True, on_error="raise")
+        return sorted(
+            loc.render(p.rstrip("/"))
+            for p, item in found.items()
+            if item.get("type") != "directory" and p.endswith(INPUT_SUFFIXES)
+        )
+
+    return _remote_call(url, "read", "listing", token, op)
 
 
 def list_sizes(url_dir: str, *, token: Token | None = None) -> dict[str, int]:

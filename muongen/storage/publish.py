@@ -5,50 +5,24 @@ range, created, size, sha256, muongen_version, schema_version). Remote stores ca
 rename, so publishing uploads the ``.pt`` first, checks the stored size, and writes the
 manifest last: a reader that trusts a ``.pt`` only through its manifest never sees a
 half-published checkpoint, and a failed publish leaves everything published before it
-as it was. A published name is never overwritten with different content.
+as it was. A published name is never overwritten: once it holds a verified checkpoint it
+is final (a retried grid node finds it, :func:`fetch_published`, and is done).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
 import os
 import tempfile
-from typing import Any
 
+from muongen import checkpoint as fmt
+from muongen.checkpoint import parse_manifest
 from muongen.errors import CheckpointError, StorageError
 from muongen.storage import files, tokens
 from muongen.storage.tokens import Token
 
 log = logging.getLogger("muongen.storage")
-
-REQUIRED_KEYS = ("pt", "size", "sha256")
-
-
-def sha256_of(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _parse_manifest(raw: bytes, where: str) -> dict[str, Any]:
-    try:
-        manifest = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"checkpoint manifest {where} is not valid JSON ({exc})") from None
-    if not isinstance(manifest, dict):
-        raise CheckpointError(f"checkpoint manifest {where} is not a JSON object")
-    missing = [k for k in REQUIRED_KEYS if k not in manifest]
-    if missing:
-        raise CheckpointError(f"checkpoint manifest {where} lacks {', '.join(missing)}")
-    pt = str(manifest["pt"])
-    if not pt or "/" in pt or pt in (".", ".."):
-        raise CheckpointError(f"checkpoint manifest {where}: 'pt' must be a file name, got {pt!r}")
-    return manifest
 
 
 def _write_token_for(dest_url_dir: str, token: Token | None) -> Token | None:
@@ -73,13 +47,20 @@ def _read_token_for(dest_url_dir: str, token: Token | None) -> Token | None:
 
 
 def publish_checkpoint(
-    pt_path: str, json_path: str, dest_url_dir: str, *, token: Token | None = None
+    pt_path: str,
+    json_path: str,
+    dest_url_dir: str,
+    *,
+    token: Token | None = None,
+    checked: bool = False,
 ) -> str:
     """Publish ``pt_path`` + its manifest ``json_path`` into ``dest_url_dir``.
 
-    The local ``.pt`` is checked against the manifest first; the token (for remote
-    destinations) is checked for create/modify scope before anything is sent. Publishing
-    the same checkpoint again is a no-op, so a retried grid job may call this twice.
+    The local ``.pt`` is checked against the manifest first (its size only with
+    ``checked=True``: the caller has just written it and knows its sha256); the token (for
+    remote destinations) is checked for create/modify scope before anything is sent.
+    A name that already holds a verified checkpoint is final: publishing again is a no-op
+    (with a warning when this checkpoint differs), so a retried grid job may call this twice.
 
     Returns:
         The URL (or path) of the published manifest.
@@ -87,16 +68,18 @@ def publish_checkpoint(
     Raises:
         CheckpointError: the local .pt does not match its manifest.
         TokenError: no token allows writing to ``dest_url_dir``.
-        StorageError: the name is already published with other content, or the upload
-            failed after its retries (what was published before is untouched).
+        StorageError: the name is already published but its .pt does not match its
+            manifest, or the upload failed after its retries (what was published before is
+            untouched).
     """
     with open(json_path, "rb") as f:
         raw = f.read()
-    manifest = _parse_manifest(raw, json_path)
+    manifest = parse_manifest(raw, json_path)
     pt_name, json_name = os.path.basename(pt_path), os.path.basename(json_path)
     if manifest["pt"] != pt_name:
         raise CheckpointError(f"manifest {json_path} describes {manifest['pt']}, not {pt_name}")
-    size, digest = os.path.getsize(pt_path), sha256_of(pt_path)
+    size = os.path.getsize(pt_path)
+    digest = manifest["sha256"] if checked else fmt.sha256_file(pt_path)
     if size != int(manifest["size"]) or digest != manifest["sha256"]:
         raise CheckpointError(
             f"{pt_path} does not match its manifest {json_path} (size {size} vs "
@@ -108,15 +91,25 @@ def publish_checkpoint(
     dest_pt, dest_json = files.join(dest_url_dir, pt_name), files.join(dest_url_dir, json_name)
 
     if files.exists(dest_json, token=reader):
-        published = _parse_manifest(files.cat(dest_json, token=reader), dest_json)
+        published = parse_manifest(files.cat(dest_json, token=reader), dest_json)
         if published["sha256"] == digest and int(published["size"]) == size:
             log.info("checkpoint %s is already published at %s", pt_name, dest_json)
             return dest_json
-        raise StorageError(
-            f"refusing to publish {pt_name}: {dest_json} is already published with another "
-            f"checkpoint (sha256 {str(published['sha256'])[:12]}..). Published names are "
-            "immutable: publish under a new name (or a new campaign folder)."
+        if not _published_pt_verifies(dest_url_dir, published, reader):
+            raise StorageError(
+                f"{dest_json} is already published but its .pt does not match it (a damaged "
+                "publish): published names are immutable, so muongen will not replace it. "
+                "Remove both files there by hand, or publish into a new campaign folder"
+            )
+        log.warning(
+            "%s already holds a verified checkpoint (step %s); a published checkpoint is final, "
+            "so it is kept and this run's %s (step %s) is not published",
+            dest_json,
+            published["step"],
+            pt_name,
+            manifest["step"],
         )
+        return dest_json
     try:
         if _same_file_there(dest_pt, size, digest, reader):
             log.info("%s is already uploaded (an earlier attempt); writing its manifest", dest_pt)
@@ -133,13 +126,33 @@ def publish_checkpoint(
     return dest_json
 
 
+def _published_pt_verifies(dest_url_dir: str, manifest: dict, token: Token | None) -> bool:
+    url = files.join(dest_url_dir, manifest["pt"])
+    return _same_file_there(url, int(manifest["size"]), manifest["sha256"], token)
+
+
+def fetch_published(
+    dest_url_dir: str, name: str, dest_dir: str, *, token: Token | None = None
+) -> str | None:
+    """The checkpoint ``<name>`` published in ``dest_url_dir``, fetched and sha-checked
+    into ``dest_dir`` (its .pt path), or None when nothing is published under that name.
+
+    Raises:
+        CheckpointError: a manifest is published but it or its .pt is damaged.
+    """
+    manifest_url = files.join(dest_url_dir, f"{name}.json")
+    if not files.exists(manifest_url, token=token):
+        return None
+    return fetch_checkpoint(manifest_url, dest_dir, token=token)
+
+
 def _same_file_there(url: str, size: int, digest: str, token: Token | None) -> bool:
     """Whether ``url`` already holds exactly these bytes (an orphan of a failed publish)."""
     if not files.exists(url, token=token) or files.size(url, token=token) != size:
         return False
     with tempfile.TemporaryDirectory(prefix="muongen-publish-") as tmp:
         local = files.get_file(url, os.path.join(tmp, "check"), token=token)
-        return sha256_of(local) == digest
+        return fmt.sha256_file(local) == digest
 
 
 def fetch_checkpoint(manifest_url: str, dest_dir: str, *, token: Token | None = None) -> str:
@@ -152,18 +165,20 @@ def fetch_checkpoint(manifest_url: str, dest_dir: str, *, token: Token | None = 
         StorageError / TokenError: the files cannot be read.
     """
     raw = files.cat(manifest_url, token=token)
-    manifest = _parse_manifest(raw, manifest_url)
+    manifest = parse_manifest(raw, manifest_url)
     pt_url = files.join(files.parent(manifest_url), manifest["pt"])
     os.makedirs(dest_dir, exist_ok=True)
     dest = os.path.join(dest_dir, manifest["pt"])
     want_size, want_sha = int(manifest["size"]), str(manifest["sha256"])
     if not (
-        os.path.isfile(dest) and os.path.getsize(dest) == want_size and sha256_of(dest) == want_sha
+        os.path.isfile(dest)
+        and os.path.getsize(dest) == want_size
+        and fmt.sha256_file(dest) == want_sha
     ):
         tmp = os.path.join(dest_dir, f".{manifest['pt']}.fetch")
         try:
             files.get_file(pt_url, tmp, token=token)
-            got_size, got_sha = os.path.getsize(tmp), sha256_of(tmp)
+            got_size, got_sha = os.path.getsize(tmp), fmt.sha256_file(tmp)
             if got_size != want_size or got_sha != want_sha:
                 raise CheckpointError(
                     f"{pt_url} does not match its manifest {manifest_url}: size {got_size} vs "

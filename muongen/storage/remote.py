@@ -61,14 +61,16 @@ def is_pelican(url: str) -> bool:
 
 
 def locate(url: str) -> Location:
-    parsed = urlparse(url)
+    # muongen never puts a query in a URL (tokens go in headers): a "?" is a wildcard
+    parsed = urlparse(url.replace("?", "%3F"))
     if parsed.scheme == "osdf":
         path = parsed.path if not parsed.netloc else "/" + parsed.netloc + parsed.path
-        return Location("osdf", OSDF_DISCOVERY, path or "/")
+        return Location("osdf", OSDF_DISCOVERY, path.replace("%3F", "?") or "/")
     if parsed.scheme == "pelican":
         if not parsed.netloc:
             raise ValueError(f"{url}: a pelican:// URL names its federation: pelican://<host>/path")
-        return Location("pelican", f"pelican://{parsed.netloc}/", parsed.path or "/")
+        path = parsed.path.replace("%3F", "?")
+        return Location("pelican", f"pelican://{parsed.netloc}/", path or "/")
     raise ValueError(f"{url} is not a pelican:// or osdf:// URL")
 
 

@@ -153,8 +153,8 @@ def namespace_path(url: str) -> str:
     """The path part of a pelican://host/..., osdf:///... URL (or a local path)."""
     if "://" not in url:
         return url
-    parsed = urlparse(url)
-    path = parsed.path
+    parsed = urlparse(url.replace("?", "%3F"))  # a "?" is a wildcard, never a query
+    path = parsed.path.replace("%3F", "?")
     if parsed.scheme == "osdf" and parsed.netloc:  # osdf://ns/path written with two slashes
         path = "/" + parsed.netloc + path
     return path or "/"

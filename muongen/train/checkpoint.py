@@ -1,259 +1,194 @@
-"""Checkpoints: one ``<name>.pt`` holding everything, plus a ``<name>.json`` manifest.
+"""The trainer's checkpointer: when to save, rotation, the last good checkpoint, resume.
 
-The ``.pt`` holds both models, both optimizers, schedulers, the AMP scaler, step counters,
-every RNG state, the data cursor, the resolved config, the schema version and muongen's
-version. The manifest holds step, range, created time, size and sha256 of the ``.pt``.
+The checkpoint format itself (files, manifest, sha256, loading) is :mod:`muongen.checkpoint`;
+this module decides *when* and *which*: every ``checkpoint.every_steps`` steps or
+``checkpoint.every_minutes`` minutes (on an injectable clock), keeping the newest
+``checkpoint.keep_last``; what ``--resume auto|PATH`` means; and that one checkpoint
+folder never holds two runs.
 
-Local writes are atomic (temp file, fsync, rename; the ``.pt`` before its manifest), and a
-``.pt`` is trusted only through a manifest whose size and sha256 match it. Removing old
-checkpoints deletes the manifest first, so a half-removed pair is never trusted.
+It also holds the optimizer-state helpers the training step uses.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
-import json
+import errno
 import logging
 import os
-import re
 import tempfile
 import time
-from dataclasses import dataclass
-from datetime import datetime, timezone
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
-from muongen import __version__, schema
-from muongen.errors import CheckpointError
+from muongen import checkpoint as fmt
+from muongen.checkpoint import (  # noqa: F401  (re-exported for code written before the move)
+    STEP_NAME,
+    Saved,
+    atomic_write,
+    find_latest,
+    list_checkpoints,
+    load,
+    load_for_inference,
+    load_module,
+    manifest_for,
+    read_manifest,
+    resolve,
+    rotate,
+    save,
+    sha256_file,
+    verify,
+)
+from muongen.config import CheckpointConfig
+from muongen.errors import CheckpointError, StorageError
+from muongen.train import distributed as ddp
 
 log = logging.getLogger(__name__)
 
-FORMAT = "muongen-checkpoint"
-FORMAT_VERSION = 1
-STEP_NAME = "step-{:09d}"
-_STEP_RE = re.compile(r"^step-(\d{9})\.json$")
+#: errno values that mean "this place cannot be written", reported in one line.
+UNWRITABLE = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
-@dataclass(frozen=True)
-class Saved:
-    """Where a checkpoint was written and what its manifest says."""
-
-    pt: Path
-    manifest: Path
-    step: int
-    size: int
-    sha256: str
-    seconds: float
+def unwritable(exc: OSError, what: str, fix: str) -> StorageError:
+    """A one-line StorageError for an OSError met while writing ``what``."""
+    where = f" ({exc.filename})" if exc.filename else ""
+    return StorageError(f"cannot write {what}{where}: {exc.strerror or exc}; {fix}")
 
 
-def sha256_file(path: str | os.PathLike, chunk: int = 8 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temp file in the same folder, fsync, rename."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+def check_writable(folder: Path, what: str, fix: str) -> None:
+    """Create ``folder`` and a file in it, or raise a one-line StorageError."""
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder) as f:
+            f.write(b"x")
             f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    except OSError as exc:
+        raise unwritable(exc, what, fix) from None
 
 
-def save(
-    state: dict[str, Any],
-    directory: str | os.PathLike,
-    name: str,
-    *,
-    step: int,
-    range_name: str | None = None,
-) -> Saved:
-    """Write ``<directory>/<name>.pt`` then ``<name>.json`` atomically."""
-    t0 = time.perf_counter()
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "muongen_version": __version__,
-        "schema_version": schema.SCHEMA_VERSION,
-        "step": step,
-        "range": range_name,
-        **state,
-    }
-    buf = io.BytesIO()
-    torch.save(payload, buf)
-    data = buf.getvalue()
-    digest = hashlib.sha256(data).hexdigest()
-    pt = directory / f"{name}.pt"
-    manifest = directory / f"{name}.json"
-    atomic_write(pt, data)
-    meta = {
-        "name": name,
-        "pt": pt.name,
-        "step": step,
-        "range": range_name,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "size": len(data),
-        "sha256": digest,
-        "muongen_version": __version__,
-        "schema_version": schema.SCHEMA_VERSION,
-    }
-    atomic_write(manifest, (json.dumps(meta, indent=2) + "\n").encode())
-    return Saved(pt, manifest, step, len(data), digest, time.perf_counter() - t0)
+class Checkpointer:
+    """Saves the trainer's state on schedule into one folder that holds one run.
 
-
-def copy_as(
-    source: str | os.PathLike,
-    directory: str | os.PathLike,
-    name: str,
-    *,
-    range_name: str | None = None,
-) -> Saved:
-    """Copy a verified checkpoint to ``<directory>/<name>.pt`` + ``.json`` (e.g. to publish a
-    run's last step checkpoint under its range's name); the bytes and sha256 are unchanged."""
-    t0 = time.perf_counter()
-    pt, meta = verify(source)
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    dest = directory / f"{name}.pt"
-    atomic_write(dest, pt.read_bytes())
-    meta = {**meta, "name": name, "pt": dest.name, "range": range_name or meta.get("range")}
-    manifest = directory / f"{name}.json"
-    atomic_write(manifest, (json.dumps(meta, indent=2) + "\n").encode())
-    return Saved(
-        dest, manifest, meta["step"], meta["size"], meta["sha256"], time.perf_counter() - t0
-    )
-
-
-def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
-    path = Path(path)
-    try:
-        meta = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint manifest {path} does not exist") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"checkpoint manifest {path} is unreadable ({exc})") from None
-    for key in ("pt", "size", "sha256", "step"):
-        if key not in meta:
-            raise CheckpointError(f"checkpoint manifest {path} lacks the key {key!r}")
-    return meta
-
-
-def manifest_for(path: str | os.PathLike) -> Path:
-    """The manifest of a checkpoint given as its .pt or .json."""
-    path = Path(path)
-    return path.with_suffix(".json") if path.suffix == ".pt" else path
-
-
-def verify(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
-    """Check a checkpoint's .pt against its manifest; returns (pt path, manifest).
-
-    Raises CheckpointError when the manifest is missing or the size/sha256 differ.
+    Args:
+        directory: the checkpoint folder (``checkpoint.dir`` or ``<run>/checkpoints``).
+        cfg: the checkpoint section of the config.
+        dist: this process's place in the job (rank 0 writes; every rank calls).
+        range_name: written into every manifest (grid chain).
+        clock: seconds, monotonic (injectable for tests).
     """
-    mpath = manifest_for(path)
-    meta = read_manifest(mpath)
-    pt = mpath.parent / meta["pt"]
-    if not pt.is_file():
-        raise CheckpointError(f"checkpoint {pt} named by {mpath} does not exist")
-    size = pt.stat().st_size
-    if size != meta["size"]:
-        raise CheckpointError(
-            f"checkpoint {pt} is {size} bytes but its manifest says {meta['size']}: "
-            "the file is truncated or was replaced; use an earlier checkpoint"
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        cfg: CheckpointConfig,
+        *,
+        dist: ddp.DistInfo | None = None,
+        range_name: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.dir = Path(directory)
+        self.cfg = cfg
+        self.dist = dist or ddp.DistInfo()
+        self.range_name = range_name
+        self.clock = clock
+        self.last_good: Path | None = None  # manifest to roll back to
+        self.last_saved: fmt.Saved | None = None  # the newest checkpoint this process wrote
+        self._t_last = clock()
+
+    # ------------------------------------------------------------------ which to resume
+
+    def find(self, how: str | None) -> Path | None:
+        """The manifest ``--resume`` names: ``auto`` the newest valid one here (None when
+        there is none), a path that checkpoint (.pt, .json, or a folder: its newest)."""
+        if not how:
+            return None
+        if how == "auto":
+            found = fmt.find_latest(self.dir)
+            if found is None:
+                log.info("no valid checkpoint in %s: starting fresh", self.dir)
+            return found
+        return fmt.resolve(how)
+
+    def adopt(self, resumed: Path | None) -> None:
+        """Make this folder hold one run from here on: the one resumed from ``resumed`` (a
+        manifest, here or elsewhere), or a fresh one (None).
+
+        Refuses when the folder holds valid checkpoints of a run not being continued.
+        Removes leftovers of interrupted writes and checkpoints that are not this run's
+        past (corrupt ones, or newer than the one resumed from). Rank 0 only touches files.
+        """
+        own = resumed is not None and resumed.parent.resolve() == self.dir.resolve()
+        if not own:
+            newest_valid = fmt.find_latest(self.dir)
+            if newest_valid is not None:
+                start = f"continue from {resumed}" if resumed else "start a fresh run"
+                raise CheckpointError(
+                    f"{self.dir} already holds checkpoints of a run (newest: step "
+                    f"{fmt.step_of(newest_valid)}); refusing to {start} there, which would mix "
+                    "two runs in one folder. Continue that run with --resume auto, or train "
+                    "into another --out (or checkpoint.dir)"
+                )
+        self.last_good = resumed
+        if not self.dist.is_main:
+            return
+        fmt.clean_leftovers(self.dir)
+        resumed_step = fmt.step_of(resumed) if own else -1
+        stale = [m for m in fmt.list_checkpoints(self.dir) if fmt.step_of(m) > resumed_step]
+        for manifest in stale:
+            log.warning("removing %s: not part of the run continued here", manifest)
+            fmt.remove(manifest)
+
+    # ------------------------------------------------------------------ saving
+
+    def check_writable(self) -> None:
+        check_writable(
+            self.dir, "checkpoints into", "set checkpoint.dir (or --out) to a writable folder"
         )
-    digest = sha256_file(pt)
-    if digest != meta["sha256"]:
-        raise CheckpointError(
-            f"checkpoint {pt} fails its sha256 check (manifest {mpath}): the file is corrupt; "
-            "use an earlier checkpoint"
-        )
-    return pt, meta
+
+    def due(self, step: int) -> tuple[bool, bool]:
+        """(due by steps, due by time) after generator step ``step``."""
+        every, minutes = self.cfg.every_steps, self.cfg.every_minutes
+        by_steps = bool(every) and step % every == 0
+        by_time = bool(minutes) and self.clock() - self._t_last > 60 * minutes
+        return by_steps, by_time
+
+    def save(self, state: dict[str, Any], step: int) -> fmt.Saved | None:
+        """Write ``state`` as ``step-NNNNNNNNN`` and rotate (rank 0 writes; every rank calls,
+        after gathering ``state`` collectively)."""
+        name = fmt.STEP_NAME.format(step)
+        saved = None
+        if self.dist.is_main:
+            try:
+                saved = fmt.save(state, self.dir, name, step=step, range_name=self.range_name)
+                fmt.rotate(self.dir, self.cfg.keep_last)
+            except OSError as exc:
+                last = f"the last good one is {self.last_good}" if self.last_good else "none yet"
+                raise unwritable(
+                    exc,
+                    f"checkpoint {name} into {self.dir}",
+                    f"free space or set checkpoint.dir to a writable folder ({last})",
+                ) from None
+            log.info(
+                "checkpoint %s (step %d, %.1f MB, %.2f s)",
+                saved.pt,
+                step,
+                saved.size / 1e6,
+                saved.seconds,
+            )
+            self.last_saved = saved
+        ddp.barrier(self.dist)
+        self.last_good = self.dir / f"{name}.json"
+        self._t_last = self.clock()
+        return saved
 
 
-def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a verified checkpoint (given as .pt or .json) into a dict."""
-    pt, _ = verify(path)
-    try:
-        payload = torch.load(pt, map_location=map_location, weights_only=False)
-    except Exception as exc:  # torch raises many types for a bad pickle/zip
-        raise CheckpointError(f"checkpoint {pt} cannot be read by torch ({exc})") from None
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise CheckpointError(f"{pt} is not a muongen checkpoint")
-    if payload.get("format_version", 0) > FORMAT_VERSION:
-        raise CheckpointError(
-            f"checkpoint {pt} has format version {payload['format_version']}, newer than this "
-            f"muongen ({__version__}) reads; upgrade muongen"
-        )
-    return payload
+# --------------------------------------------------------------------------- optimizer state
 
 
-def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
-    """Manifests of step checkpoints in ``directory``, oldest first."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return []
-    return sorted(p for p in directory.iterdir() if _STEP_RE.match(p.name))
-
-
-def find_latest(directory: str | os.PathLike) -> Path | None:
-    """The newest checkpoint in ``directory`` that passes its sha256 check.
-
-    A corrupt newer one is refused with a warning and the one before it is used.
-    """
-    for manifest in reversed(list_checkpoints(directory)):
-        try:
-            verify(manifest)
-        except CheckpointError as exc:
-            log.warning("skipping checkpoint: %s", exc)
-            continue
-        return manifest
-    return None
-
-
-def rotate(directory: str | os.PathLike, keep_last: int) -> list[Path]:
-    """Remove all but the newest ``keep_last`` step checkpoints; returns what was removed."""
-    removed = []
-    for manifest in list_checkpoints(directory)[:-keep_last]:
-        pt = manifest.with_suffix(".pt")
-        manifest.unlink(missing_ok=True)  # manifest first: a lone .pt is never trusted
-        pt.unlink(missing_ok=True)
-        removed.append(pt)
-    return removed
-
-
-# --------------------------------------------------------------------------- restoring
-
-
-def load_module(module: nn.Module, state: dict[str, torch.Tensor], what: str, source: Any) -> None:
-    """Load weights strictly; a model of another shape is refused with a clear message."""
-    try:
-        module.load_state_dict(state, strict=True)
-    except RuntimeError as exc:
-        first = str(exc).strip().splitlines()
-        detail = "; ".join(line.strip() for line in first[1:4]) or first[0]
-        raise CheckpointError(
-            f"checkpoint {source} does not fit this {what}: {detail}. It was made with another "
-            "model config (see its model: section, `muongen inspect-checkpoint` or the run's "
-            "config.yaml); train with the same model settings or start a fresh run"
-        ) from None
+def optimizer_state(opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """Optimizer state tagged with its type, so a changed optimizer is recognised on load."""
+    return {"type": type(opt).__name__, "state": opt.state_dict()}
 
 
 def load_optimizer(opt: torch.optim.Optimizer, state: dict[str, Any] | None, what: str) -> bool:
@@ -293,38 +228,3 @@ def load_optimizer(opt: torch.optim.Optimizer, state: dict[str, Any] | None, wha
         )
         return False
     return True
-
-
-def optimizer_state(opt: torch.optim.Optimizer) -> dict[str, Any]:
-    """Optimizer state tagged with its type, so a changed optimizer is recognised on load."""
-    return {"type": type(opt).__name__, "state": opt.state_dict()}
-
-
-def resolve(path: str | os.PathLike) -> Path:
-    """The manifest of a checkpoint given as its .pt, its .json, or a checkpoint folder
-    (then its newest checkpoint that passes the sha256 check)."""
-    path = Path(path)
-    if path.is_dir():
-        found = find_latest(path)
-        if found is None:
-            raise CheckpointError(f"no valid checkpoint (step-*.json with its .pt) in {path}")
-        return found
-    return manifest_for(path)
-
-
-def load_for_inference(path: str | os.PathLike, device: str | torch.device = "cpu"):
-    """Generator and config from a checkpoint (.pt, .json or a checkpoint folder), for
-    sampling and evaluation.
-
-    Returns:
-        (generator in eval mode on ``device``, Config)
-    """
-    from muongen.config import from_dict
-    from muongen.model import build_models
-
-    manifest = resolve(path)
-    payload = load(manifest)
-    cfg = from_dict(payload["config"])
-    generator, _ = build_models(cfg.model)
-    load_module(generator, payload["generator"], "generator", manifest)
-    return generator.to(device).eval(), cfg

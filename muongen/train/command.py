@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from pathlib import Path
 
 from muongen.config import load_config, preset_names
@@ -35,7 +36,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--resume",
         default=None,
         metavar="auto|PATH",
-        help="auto: newest valid checkpoint of this run folder; PATH: a checkpoint .pt/.json",
+        help="auto: continue this run folder's newest valid checkpoint (fresh if none); PATH: "
+        "continue a checkpoint .pt/.json or folder. Without it --out must not hold a run",
     )
     parser.add_argument("--device", default=None, choices=["auto", "cpu", "cuda", "mps"])
     parser.add_argument(
@@ -53,6 +55,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from muongen.train.signals import Evicted, StopRequest
+
+    stop = StopRequest().install()  # first: an eviction during start-up exits 85 too
+    try:
+        return _train(args, stop)
+    except Evicted as exc:
+        print(f"muongen train: {exc}", file=sys.stderr)
+        return exc.exit_code
+    finally:
+        stop.restore()
+
+
+def _train(args: argparse.Namespace, stop) -> int:
     from muongen.train import distributed as ddp
     from muongen.train.trainer import Trainer
 
@@ -66,8 +81,8 @@ def run(args: argparse.Namespace) -> int:
 
     dist = ddp.init("cuda" if cfg.train.device in ("cuda", "auto") and _has_cuda() else "cpu")
     try:
-        trainer = Trainer(cfg, run_dir, dist=dist, range_name=args.range_name)
-        trainer.resume(args.resume)
+        trainer = Trainer(cfg, run_dir, dist=dist, range_name=args.range_name, stop=stop)
+        trainer.resume(args.resume)  # refuses a run folder that holds another run
         if dist.is_main:
             log.info(
                 "run %s: %d input files, device %s, %d process(es), from step %d",
@@ -91,14 +106,26 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def publish_final(trainer, name: str) -> None:
-    """Publish the run's final checkpoint under an immutable name."""
-    from muongen.storage.publish import publish_checkpoint
-    from muongen.train import checkpoint as ckpt
+def publish_final(trainer, name: str, stage_dir: str | Path | None = None):
+    """Give the run's final checkpoint the immutable name ``name`` in ``stage_dir`` (default
+    ``<run>/publish``; a hard link, not a copy) and publish it to ``storage.publish_url``
+    when that is set. A name that already holds a verified checkpoint is final and kept.
 
-    latest = ckpt.find_latest(trainer.ckpt_dir)
-    if latest is None:
-        raise CheckpointError(f"nothing to publish: no valid checkpoint in {trainer.ckpt_dir}")
-    staged = ckpt.copy_as(latest, trainer.run_dir / "publish", name, range_name=trainer.range_name)
-    publish_checkpoint(str(staged.pt), str(staged.manifest), trainer.cfg.storage.publish_url)
-    log.info("published %s.pt and %s.json to %s", name, name, trainer.cfg.storage.publish_url)
+    Returns:
+        The named checkpoint (:class:`muongen.checkpoint.Saved`).
+    """
+    from muongen import checkpoint as fmt
+    from muongen.storage.publish import publish_checkpoint
+
+    saved = trainer.checkpointer.last_saved
+    if saved is None:
+        raise CheckpointError(
+            f"nothing to publish: this run wrote no checkpoint in {trainer.ckpt_dir}"
+        )
+    stage_dir = Path(stage_dir or trainer.run_dir / "publish")
+    staged = fmt.publish_once(saved, stage_dir, name, range_name=trainer.range_name)
+    url = trainer.cfg.storage.publish_url
+    if url:
+        publish_checkpoint(str(staged.pt), str(staged.manifest), url, checked=True)
+        log.info("published %s.pt and %s.json to %s", name, name, url)
+    return staged

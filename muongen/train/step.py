@@ -359,13 +359,15 @@ class GanStep:
         }
 
     def state_dict(self) -> dict:
-        """Optimizers (tagged with their type), schedulers, scaler and counters."""
+        """Optimizers (tagged with their type), scaler and counters.
+
+        No scheduler state: the learning rates are a pure function of the step, and a
+        scheduler's own counters (``_step_count``) would make two saves of the same state
+        differ in their bytes."""
         return {
             "version": STATE_VERSION,
             "opt_g": ckpt.optimizer_state(self.opt_g),
             "opt_c": ckpt.optimizer_state(self.opt_c),
-            "sched_g": self.sched_g.state_dict(),
-            "sched_c": self.sched_c.state_dict(),
             "scaler": self.scaler.state_dict(),
             "generator_step_count": self.generator_step_count,
             "critic_step_count": self.critic_step_count,

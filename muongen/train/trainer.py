@@ -1,9 +1,10 @@
 """The Trainer: streams batches, runs the GAN step, logs, checkpoints, survives signals.
 
-Reading order: ``Trainer.__init__`` builds everything from the config; ``train()`` is the
-loop; ``train_step()`` is one generator step (n critic updates + one generator update);
-``state_dict()`` / ``load_state_dict()`` are the union of the parts' states, which is all
-a checkpoint holds.
+Reading order: ``Trainer.__init__`` builds the models, the step and the stateful parts;
+``resume()`` continues a checkpoint or starts fresh (resetting every part); ``train()`` is
+the loop; ``train_step()`` is one generator step. A checkpoint is the union of the parts'
+``state_dict()`` (see :mod:`muongen.train.parts`): weights, optimizers, counters, monitor,
+and per rank the data cursor, the random states and the audit log.
 """
 
 from __future__ import annotations
@@ -12,55 +13,39 @@ import contextlib
 import functools
 import json
 import logging
-import math
 import os
-import random
-import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from muongen import __version__, schema
+from muongen import checkpoint as fmt
+from muongen import schema
 from muongen.config import Config
 from muongen.data.batch import RaggedBatch
 from muongen.data.report import REPORT_NAME
 from muongen.data.stream import files_digest
 from muongen.devices import resolve_device
 from muongen.errors import CheckpointError, TrainingError
-from muongen.train import checkpoint as ckpt
 from muongen.train import distributed as ddp
+from muongen.train.checkpoint import UNWRITABLE, Checkpointer, check_writable, unwritable
+from muongen.train.monitor import TrainingMonitor
+from muongen.train.parts import (
+    AuditLog,
+    Counters,
+    PerRank,
+    RngState,
+    StreamState,
+    Weights,
+    seed_everything,
+)
+from muongen.train.signals import StopRequest
 
 log = logging.getLogger(__name__)
 
 EXIT_DONE = 0
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def rng_state() -> dict[str, Any]:
-    state = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"].cpu())
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
 def make_prefetcher(scfg, scratch: str, rank: int, worker: int | None = None):
@@ -78,8 +63,26 @@ def make_prefetcher(scfg, scratch: str, rank: int, worker: int | None = None):
     )
 
 
+def gan_step(generator, critic, cfg: Config, device, sync_grads):
+    from muongen.train.step import GanStep
+
+    return GanStep(generator, critic, cfg.optim, cfg.train, device, sync_grads=sync_grads)
+
+
 class Trainer:
-    """One training run (one process of it, under torchrun)."""
+    """One training run (one process of it, under torchrun).
+
+    Args:
+        cfg: the resolved config.
+        run_dir: the run folder (config.yaml, checkpoints/, tb/, audit/, summary.json).
+        dist: this process's place in a torchrun job (default: a single process).
+        range_name: the data range a grid node trains (written into manifests).
+        clock: monotonic seconds for the time budget, checkpoint timing and rates.
+        make_step: builds the training step from (generator, critic, cfg, device,
+            sync_grads); default :class:`muongen.train.step.GanStep`.
+        stop: the process's signal handling, installed early by the command; by default
+            ``train()`` installs its own.
+    """
 
     def __init__(
         self,
@@ -88,22 +91,24 @@ class Trainer:
         *,
         dist: ddp.DistInfo | None = None,
         range_name: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        make_step: Callable[..., Any] = gan_step,
+        stop: StopRequest | None = None,
     ) -> None:
         from muongen.model import build_models
-        from muongen.train.step import GanStep
 
         self.cfg = cfg
         self.run_dir = Path(run_dir)
-        self.dist = dist or ddp.DistInfo()
+        self.dist = dist = dist or ddp.DistInfo()
         self.range_name = range_name
+        self.clock = clock
+        self.stop = stop
         self.device = resolve_device(cfg.train.device)
-        self.ckpt_dir = Path(cfg.checkpoint.dir or self.run_dir / "checkpoints")
-        self.tb_dir = Path(cfg.logging.tb_dir or self.run_dir / "tb")
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
         if self.device.type == "cuda":
-            torch.cuda.set_device(self.dist.local_rank)
-            self.device = torch.device("cuda", self.dist.local_rank)
+            torch.cuda.set_device(dist.local_rank)
+            self.device = torch.device("cuda", dist.local_rank)
             torch.backends.cuda.matmul.allow_tf32 = cfg.train.tf32
             torch.backends.cudnn.allow_tf32 = cfg.train.tf32
 
@@ -111,40 +116,83 @@ class Trainer:
         self.generator, self.critic = build_models(cfg.model)
         self.generator.to(self.device)
         self.critic.to(self.device)
-        ddp.broadcast_module(self.generator, self.dist)
-        ddp.broadcast_module(self.critic, self.dist)
-        seed_everything(cfg.train.seed + 1000003 * self.dist.rank)  # ... different noise per rank
-        self.step_fn = GanStep(
-            self.generator,
-            self.critic,
-            cfg.optim,
-            cfg.train,
-            self.device,
-            sync_grads=ddp.make_grad_sync(self.dist),
+        ddp.broadcast_module(self.generator, dist)
+        ddp.broadcast_module(self.critic, dist)
+        seed_everything(self._noise_seed(0))  # ... different noise per rank
+        self.step_fn = make_step(
+            self.generator, self.critic, cfg, self.device, ddp.make_grad_sync(dist)
         )
 
         self.files = self._input_files()
         self.data_fingerprint = files_digest(self.files)  # a cursor only fits the same list
         self._prefetcher = self._make_prefetcher()
         self.report, self.outliers = self._make_sinks()
-        self.stream = self._make_stream()
 
-        from muongen.monitor.health import MovingAverage
+        self.checkpointer = Checkpointer(
+            cfg.checkpoint.dir or self.run_dir / "checkpoints",
+            cfg.checkpoint,
+            dist=dist,
+            range_name=range_name,
+            clock=clock,
+        )
+        self.tb_dir = Path(cfg.logging.tb_dir or self.run_dir / "tb")
+        self.monitor = TrainingMonitor(cfg, self.tb_dir, dist=dist, device=self.device, clock=clock)
+        self.counters = Counters()
+        self.data = StreamState(self._make_stream)
+        self.audit = AuditLog(
+            self.run_dir / "audit" / f"rank{dist.rank}.i64", cfg.logging.audit_events
+        )
+        self._checkpoint_model: dict[str, Any] = {}  # model settings of the checkpoint loaded
+        differences = self._model_differences
+        self.parts: dict[str, Any] = {}
+        self.add_part("generator", Weights(self.generator, "generator", differences))
+        self.add_part("critic", Weights(self.critic, "critic", differences))
+        self.add_part("optim", self.step_fn)
+        self.add_part("trainer", self.counters)
+        self.add_part("monitor", self.monitor)
+        self.add_part("data", PerRank(self.data, dist))
+        self.add_part("rng", PerRank(RngState(lambda: self._noise_seed(self.step)), dist))
+        self.add_part("audit", PerRank(self.audit, dist))
 
-        self.step = 0  # generator steps taken, over all resumed runs
-        self.data_steps = 0  # of which on this run's input files (a chain node's own range)
-        self.events_seen = 0
-        self.muons_seen = 0
-        self.nonfinite_total = 0
-        self.rollbacks = 0
-        self.w_gap_ma = MovingAverage(cfg.logging.ma_window)
+        self._started = False
         self._consecutive_skips = torch.zeros((), dtype=torch.int64, device=self.device)
-        self._stop_signal: int | None = None
-        self._last_good: Path | None = None
-        self._audit_pending: list[torch.Tensor] = []
         self.unused_tail_events = 0
         self.timer = None  # a monitor.timing.StepTimer while train() runs
-        self._audit_path = self.run_dir / "audit" / f"rank{self.dist.rank}.i64"
+
+    def add_part(self, name: str, part: Any) -> None:
+        """Register a stateful part (``state_dict``, ``load_state_dict``, ``reset``): it is
+        saved in every checkpoint under ``name``, restored on resume, reset on a fresh start.
+        Parts are restored in the order they were added."""
+        self.parts[name] = part
+
+    # ------------------------------------------------------------------ shortcuts
+
+    @property
+    def step(self) -> int:
+        return self.counters.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.counters.step = value
+
+    @property
+    def events_seen(self) -> int:
+        return self.counters.events_seen
+
+    @property
+    def rollbacks(self) -> int:
+        return self.counters.rollbacks
+
+    @property
+    def stream(self):
+        return self.data.stream
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.checkpointer.dir
+
+    def _noise_seed(self, step: int) -> int:
+        return self.cfg.train.seed + 1000003 * self.dist.rank + step
 
     # ------------------------------------------------------------------ building
 
@@ -152,44 +200,22 @@ class Trainer:
         from muongen.storage import expand_inputs
         from muongen.storage import files as storage_files
         from muongen.storage.access import check_access
+        from muongen.train.demo_data import synthesise_if_missing
 
         cfg = self.cfg.data
         if not cfg.paths:
             raise TrainingError("no inputs: set data.paths (files, folders, globs or URLs)")
         storage_files.configure(self.cfg.storage)
         if cfg.synth_if_missing:
-            self._synthesise_if_missing(cfg.paths[0])
+            if self.dist.is_main:
+                synthesise_if_missing(cfg, self.cfg.train.seed)
+            ddp.barrier(self.dist)
         # Tokens and reachability are checked before any training: a missing scope fails
         # now with a clear message, not hours into the run.
         outputs = [u for u in (self.cfg.storage.publish_url, self.cfg.storage.tb_sync_url) if u]
         for line in check_access(cfg.paths, outputs if self.dist.is_main else []):
             log.info("access: %s", line)
         return expand_inputs(cfg.paths)
-
-    def _synthesise_if_missing(self, folder: str) -> None:
-        from muongen.data.synth import write_synthetic
-
-        if "://" in folder or any(c in folder for c in "*?["):
-            raise TrainingError(
-                f"data.synth_if_missing needs data.paths[0] to be a local folder, not {folder}"
-            )
-        path = Path(folder)
-        if self.dist.is_main and not (path.is_dir() and any(path.rglob("*.parquet"))):
-            cfg = self.cfg.data
-            log.info(
-                "no data in %s: writing %d synthetic files of %d events (muongen synth)",
-                path,
-                cfg.synth_files,
-                cfg.synth_events_per_file,
-            )
-            write_synthetic(
-                path,
-                files=cfg.synth_files,
-                events_per_file=cfg.synth_events_per_file,
-                seed=self.cfg.train.seed,
-                mix=cfg.synth_mix,
-            )
-        ddp.barrier(self.dist)
 
     def _make_prefetcher(self):
         scfg = self.cfg.storage
@@ -232,142 +258,72 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a checkpoint holds. Collective under torchrun: call on every rank."""
-        per_rank = ddp.gather_objects(
-            {"data": self.stream.state_dict(), "rng": rng_state(), "audit": self._audit_flush()},
-            self.dist,
-        )
-        return {
-            "generator": self.generator.state_dict(),
-            "critic": self.critic.state_dict(),
-            "optim": self.step_fn.state_dict(),
-            "trainer": {
-                "step": self.step,
-                "events_seen": self.events_seen,
-                "muons_seen": self.muons_seen,
-                "nonfinite_total": self.nonfinite_total,
-                "rollbacks": self.rollbacks,
-                "w_gap_ma": self.w_gap_ma.state_dict(),
-            },
-            "data": {
-                "fingerprint": self.data_fingerprint,
-                "steps": self.data_steps,
-                "world_size": self.dist.world_size,
-                "ranks": [r["data"] for r in per_rank],
-            },
-            "rng": [r["rng"] for r in per_rank],
-            "audit_bytes": [r["audit"] for r in per_rank],
-            "config": self.cfg.to_dict(),
-            "muongen_version": __version__,
-        }
+        state = {name: part.state_dict() for name, part in self.parts.items()}
+        inputs = {"fingerprint": self.data_fingerprint, "world_size": self.dist.world_size}
+        return {**state, "inputs": inputs, "config": self.cfg.to_dict()}
 
     def load_state_dict(self, payload: dict[str, Any], source: Any = "checkpoint") -> None:
-        """Restore from a checkpoint payload.
+        """Restore every part from a checkpoint payload.
 
         Weights must fit (else CheckpointError); an optimizer of another type or shape is
-        reset with a warning. The data cursor is restored only when the checkpoint was
-        made on the same input files (a chain node starts its own range from the top).
+        reset with a warning. Parts that follow the data (cursor, random states, audit log)
+        are restored only from a checkpoint made on the same input files; from another
+        input list (a chain node continuing the previous range) they start afresh.
         """
-        ckpt.load_module(self.generator, payload["generator"], "generator", source)
-        ckpt.load_module(self.critic, payload["critic"], "critic", source)
-        self.step_fn.load_state_dict(payload.get("optim") or {})
-        t = payload.get("trainer", {})
-        self.step = int(t.get("step", payload.get("step", 0)))
-        self.events_seen = int(t.get("events_seen", 0))
-        self.muons_seen = int(t.get("muons_seen", 0))
-        self.nonfinite_total = int(t.get("nonfinite_total", 0))
-        self.rollbacks = int(t.get("rollbacks", 0))
-        if "w_gap_ma" in t:
-            self.w_gap_ma.load_state_dict(t["w_gap_ma"])
+        same_inputs = self._same_inputs(payload.get("inputs") or {}, source)
+        for name, part in self.parts.items():
+            if name in payload and (same_inputs or not getattr(part, "follows_data", False)):
+                part.load_state_dict(payload[name])
+            elif hasattr(part, "reset"):  # (GanStep has no reset: it is freshly built)
+                part.reset()
 
-        data = payload.get("data") or {}
-        same_data = data.get("fingerprint") == self.data_fingerprint
-        if same_data:
-            if data.get("world_size") != self.dist.world_size:
-                raise CheckpointError(
-                    f"checkpoint {source} was written by {data.get('world_size')} processes and "
-                    f"this run has {self.dist.world_size}: its data cursor cannot be split "
-                    "differently. Resume with the same number of processes"
-                )
-            self.stream = self._make_stream()
-            self.stream.load_state_dict(data["ranks"][self.dist.rank])
-            self.data_steps = int(data.get("steps", 0))
-            rngs = payload.get("rng") or []
-            if len(rngs) > self.dist.rank:
-                set_rng_state(rngs[self.dist.rank])
-            audit = payload.get("audit_bytes") or []
-            if len(audit) > self.dist.rank:
-                self._audit_truncate(audit[self.dist.rank])
-        else:
-            self.data_steps = 0
-            log.info(
+    def _same_inputs(self, inputs: dict[str, Any], source: Any) -> bool:
+        if inputs.get("fingerprint") != self.data_fingerprint:
+            log.warning(
                 "checkpoint %s was made on other input files: weights, optimizer and step "
-                "restored, data starts at the beginning of this run's files",
+                "restored; the data cursor, random states and audit log start afresh on this "
+                "run's %d files",
                 source,
+                len(self.files),
             )
-            seed_everything(self.cfg.train.seed + 1000003 * self.dist.rank + self.step)
-
-    def save_checkpoint(self, name: str | None = None) -> ckpt.Saved | None:
-        """Write a checkpoint (rank 0 writes; every rank must call). Rotates old ones."""
-        state = self.state_dict()
-        saved = None
-        if self.dist.is_main:
-            name = name or ckpt.STEP_NAME.format(self.step)
-            saved = ckpt.save(
-                state, self.ckpt_dir, name, step=self.step, range_name=self.range_name
+            return False
+        if inputs.get("world_size") != self.dist.world_size:
+            raise CheckpointError(
+                f"checkpoint {source} was written by {inputs.get('world_size')} processes and "
+                f"this run has {self.dist.world_size}: its data cursor cannot be split "
+                "differently. Resume with the same number of processes"
             )
-            ckpt.rotate(self.ckpt_dir, self.cfg.checkpoint.keep_last)
-            log.info(
-                "checkpoint %s (step %d, %.1f MB, %.2f s)",
-                saved.pt,
-                self.step,
-                saved.size / 1e6,
-                saved.seconds,
-            )
-        ddp.barrier(self.dist)
-        self._last_good = self.ckpt_dir / f"{name or ckpt.STEP_NAME.format(self.step)}.json"
-        return saved
+        return True
 
-    def resume(self, how: str | None) -> Path | None:
-        """``auto``: the newest valid checkpoint of this run (none: fresh start); a path:
-        that checkpoint (.pt or .json), which must be valid."""
-        if not how:
-            return None
-        if how == "auto":
-            found = ckpt.find_latest(self.ckpt_dir)
-            if found is None:
-                log.info("no checkpoint in %s: starting fresh", self.ckpt_dir)
-                return None
-        else:
-            found = ckpt.resolve(how)  # a .pt, its .json, or a folder (newest valid)
-        payload = ckpt.load(found)
-        self.load_state_dict(payload, source=found)
-        self._last_good = found
-        log.info("resumed from %s at step %d", found, self.step)
-        return found
+    def _model_differences(self, _state) -> list[str]:
+        return fmt.model_differences(self._checkpoint_model, self.cfg.to_dict()["model"])
 
-    def _audit_flush(self) -> int:
-        """Append pending event keys to this rank's audit file; returns its length in bytes.
+    def resume(self, how: str | None = None) -> Path | None:
+        """Continue a checkpoint, or start fresh; every run calls this once before training.
 
-        Called when a checkpoint is taken, so the file always matches the checkpointed state
-        (a resume truncates it back to the length its checkpoint recorded).
+        ``how``: None starts fresh; ``auto`` continues the newest valid checkpoint of this
+        run (fresh when there is none); a path continues that checkpoint (.pt, .json or a
+        folder). A checkpoint folder holding another run is refused, never mixed into.
         """
-        if not self.cfg.logging.audit_events:
-            return 0
-        self._audit_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self._audit_path, "ab") as f:
-            for keys in self._audit_pending:
-                f.write(keys.cpu().numpy().astype("<i8").tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-            size = f.tell()
-        self._audit_pending.clear()
-        return size
-
-    def _audit_truncate(self, size: int) -> None:
-        self._audit_pending.clear()
-        if self.cfg.logging.audit_events and self._audit_path.exists():
-            with open(self._audit_path, "r+b") as f:
-                f.truncate(size)
+        if self.dist.is_main:
+            check_writable(self.run_dir, "the run folder", "choose a writable --out")
+            self.checkpointer.check_writable()
+        found = self.checkpointer.find(how)
+        self.checkpointer.adopt(found)
+        if found is None:
+            for part in self.parts.values():
+                if hasattr(part, "reset"):
+                    part.reset()
+        else:
+            payload = fmt.load(found)
+            self._checkpoint_model = (payload.get("config") or {}).get("model", {})
+            for part in self.parts.values():
+                if isinstance(part, Weights):
+                    part.source = found
+            self.load_state_dict(payload, source=found)
+            log.info("resumed from %s at step %d", found, self.step)
+        self._started = True
+        return found
 
     # ------------------------------------------------------------------ one step
 
@@ -390,8 +346,7 @@ class Trainer:
             parts = batch.split_by_muons(self.cfg.data.max_muons_per_batch)
             micro = [self.to_features(m) for m in parts]
         out = self.step_fn(micro)
-        if self.cfg.logging.audit_events and batch.keys is not None:
-            self._audit_pending.append(batch.keys.clone())
+        self.audit.record(batch.keys)
         skipped = (out["skipped"] > 0).to(torch.int64)
         self._consecutive_skips = (self._consecutive_skips + 1) * skipped
         return out
@@ -403,136 +358,134 @@ class Trainer:
 
         Returns the process exit code (0, train.signal_exit_code, train.budget_exit_code).
         """
-        from muongen.data.reader import read_events
-        from muongen.model.normaliser import fit_normalisers, normalisers_fitted
-        from muongen.monitor.gpu import GpuMonitor
-        from muongen.monitor.health import classify
-        from muongen.monitor.progress import Progress
-        from muongen.monitor.tensorboard import TensorBoardLogger
         from muongen.monitor.timing import StepTimer
 
-        cfg = self.cfg
-        main = self.dist.is_main
-        if main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
-        # purge_step: a resumed run hides what a killed run logged after its checkpoint
-        tb = TensorBoardLogger(
-            self.tb_dir,
-            enabled=cfg.logging.tensorboard and main,
-            purge_step=self.step + 1 if self.step else None,
-        )
-        tb_sync = self._start_tb_sync() if main else None
-        gpu = GpuMonitor(self.device) if cfg.logging.gpu_monitor and main else None
-        if gpu:
-            gpu.start()
-        validator = self._make_validator() if main else None
-        progress = (
-            Progress(cfg.train.max_steps or None, mode=cfg.logging.progress) if main else None
-        )
-        old_handlers = self._install_signal_handlers()
-
-        t_start = time.monotonic()
-        t_ckpt = t_start
-        window = {
-            "events": 0,
-            "muons": 0,
-            "steps": 0,
-            "t": time.monotonic(),
-        }
-        exit_code = EXIT_DONE
-        if not normalisers_fitted(self.generator):  # a fresh run; checkpoints carry them
-            sample = read_events(self.files[0], max_events=max(cfg.data.batch_events, 20000))
-            fit_normalisers(self.generator, self.critic, self.to_features(sample))
-        self.timer = StepTimer(self.device)
-        self.step_fn.timer = self.timer  # the step times its critic / generator phases
-        it = iter(self.stream)
+        cfg, main = self.cfg, self.dist.is_main
+        if not self._started:
+            self.resume(None)
+        own_stop = self.stop is None
+        stop = self.stop = self.stop or StopRequest().install()
         try:
-            if profile_steps:
-                self._profile(it, profile_steps)
-            while not cfg.train.max_steps or self.step < cfg.train.max_steps:
-                # Stop before drawing the next batch: a drawn batch counts as consumed in
-                # the data cursor, so checkpointing after drawing it would skip it on resume.
-                budget_up = (
-                    cfg.train.time_budget_s > 0
-                    and time.monotonic() - t_start > cfg.train.time_budget_s
-                )
-                stop, budget = ddp.agree(
-                    [int(self._stop_signal is not None), int(budget_up)], self.dist, self.device
-                )
-                if stop or budget:
-                    self.save_checkpoint()
-                    exit_code = cfg.train.signal_exit_code if stop else cfg.train.budget_exit_code
-                    why = "signal" if stop else f"time budget of {cfg.train.time_budget_s:.0f} s"
-                    log.info("stopping after %s: checkpoint written, exit code %d", why, exit_code)
-                    break
-                with self.timer.phase("data_wait"):
-                    batch = next(it, None)
-                (exhausted,) = ddp.agree([int(batch is None)], self.dist, self.device)
-                if exhausted:
-                    if batch is not None:  # another rank ran out first (uneven shards)
-                        self.unused_tail_events = batch.n_events + sum(b.n_events for b in it)
-                        log.warning(
-                            "rank %d: another rank ran out of data first; %d events of this "
-                            "rank's shard were not trained on (recorded in summary.json)",
-                            self.dist.rank,
-                            self.unused_tail_events,
-                        )
-                    log.info("end of data after %d epoch(s)", self.stream.epoch)
-                    break
-
-                out = self.train_step(batch)
-                self.step += 1
-                self.data_steps += 1
-                self.events_seen += batch.n_events
-                self.muons_seen += batch.n_muons
-                window["events"] += batch.n_events
-                window["muons"] += batch.n_muons
-                window["steps"] += 1
-
-                if self.step % min(cfg.train.log_every, 10) == 0 or self.device.type == "cpu":
-                    it = self._check_nonfinite(it)
-                if self.step % cfg.train.log_every == 0:
-                    self._log(out, window, tb, gpu, progress, classify)
-                if main and cfg.logging.hist_every and self.step % cfg.logging.hist_every == 0:
-                    self._log_histograms(batch, tb)
-                if validator and cfg.logging.val_every and self.step % cfg.logging.val_every == 0:
-                    self._validate(validator, tb)
-                due_steps = (
-                    cfg.checkpoint.every_steps and self.step % cfg.checkpoint.every_steps == 0
-                )
-                due_time = (
-                    cfg.checkpoint.every_minutes
-                    and time.monotonic() - t_ckpt > 60 * cfg.checkpoint.every_minutes
-                )
-                (due_time,) = ddp.agree([int(bool(due_time))], self.dist, self.device)
-                if due_steps or due_time:
-                    self.save_checkpoint()
-                    t_ckpt = time.monotonic()
-            else:
-                log.info("reached train.max_steps=%d", cfg.train.max_steps)
-
-            if exit_code == EXIT_DONE:
-                self.save_checkpoint()
-                self._write_summary(time.monotonic() - t_start)
-        finally:
-            self._restore_signal_handlers(old_handlers)
-            self.outliers.close()
             if main:
-                self.report.write(self.run_dir / REPORT_NAME)
-            if self._prefetcher is not None:
-                self._prefetcher.close()
-            if progress:
-                progress.close()
-            if gpu:
-                gpu.stop()
-            tb.close()
-            if tb_sync:
-                tb_sync.close()
+                (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
+            self.monitor.open(self.step)
+            self._fit_normalisers()
+            self.timer = self.step_fn.timer = StepTimer(self.device)
+            stop.training = True
+            code = self._loop(profile_steps)
+            if code == EXIT_DONE:
+                self.save_checkpoint()
+                self._write_summary(self.clock() - self._t_start)
+        except OSError as exc:
+            if exc.errno not in UNWRITABLE:
+                raise
+            raise unwritable(
+                exc, "the run's outputs", "free space or choose a writable --out"
+            ) from None
+        finally:
+            if own_stop:
+                stop.restore()
+            self._close()
         if main:
             log.info("checkpoints: %s", self.ckpt_dir)
             log.info("tensorboard: tensorboard --logdir %s", self.tb_dir)
-        return exit_code
+        return code
+
+    def _loop(self, profile_steps: int) -> int:
+        cfg = self.cfg
+        self._t_start = t_start = self.clock()
+        it = iter(self.stream)
+        if profile_steps:
+            self._profile(it, profile_steps)
+        while not cfg.train.max_steps or self.step < cfg.train.max_steps:
+            # Stop before drawing the next batch: a drawn batch counts as consumed in the
+            # data cursor, so checkpointing after drawing it would skip it on resume.
+            budget = cfg.train.time_budget_s
+            budget_up = budget > 0 and self.clock() - t_start > budget
+            stop, budget_up = ddp.agree(
+                [int(self.stop.requested), int(budget_up)], self.dist, self.device
+            )
+            if stop or budget_up:
+                self.save_checkpoint()
+                code = cfg.train.signal_exit_code if stop else cfg.train.budget_exit_code
+                why = "signal" if stop else f"time budget of {budget:.0f} s"
+                log.info("stopping after %s: checkpoint written, exit code %d", why, code)
+                return code
+            with self.timer.phase("data_wait"):
+                batch = next(it, None)
+            if self._exhausted(batch, it):
+                return EXIT_DONE
+            out = self.train_step(batch)
+            self._count(batch)
+            it = self._after_step(out, batch, it)
+        log.info("reached train.max_steps=%d", cfg.train.max_steps)
+        return EXIT_DONE
+
+    def _exhausted(self, batch: RaggedBatch | None, it) -> bool:
+        (exhausted,) = ddp.agree([int(batch is None)], self.dist, self.device)
+        if not exhausted:
+            return False
+        if batch is not None:  # another rank ran out first (uneven shards)
+            self.unused_tail_events = batch.n_events + sum(b.n_events for b in it)
+            log.warning(
+                "rank %d: another rank ran out of data first; %d events of this rank's shard "
+                "were not trained on (recorded in summary.json)",
+                self.dist.rank,
+                self.unused_tail_events,
+            )
+        log.info("end of data after %d epoch(s)", self.stream.epoch)
+        return True
+
+    def _count(self, batch: RaggedBatch) -> None:
+        c = self.counters
+        c.step += 1
+        c.events_seen += batch.n_events
+        c.muons_seen += batch.n_muons
+        self.data.steps += 1
+        self.monitor.count(batch)
+
+    def _after_step(self, out, batch: RaggedBatch, it):
+        """Health check, logging, histograms, validation and checkpoint after a step."""
+        cfg, step = self.cfg, self.step
+        if step % min(cfg.train.log_every, 10) == 0 or self.device.type == "cpu":
+            it = self._check_nonfinite(it)
+        if step % cfg.train.log_every == 0:
+            self.monitor.log(step, out, self._extra_scalars())
+        if self.monitor.due(step, cfg.logging.hist_every):
+            self._log_histograms(batch)
+        if self.monitor.due(step, cfg.logging.val_every):
+            self.monitor.validate(step, self.generator)
+        by_steps, by_time = self.checkpointer.due(step)
+        (by_time,) = ddp.agree([int(by_time)], self.dist, self.device)
+        if by_steps or by_time:
+            self.save_checkpoint()
+        return it
+
+    def save_checkpoint(self) -> fmt.Saved | None:
+        """Write a checkpoint of the current state (rank 0 writes; every rank must call)."""
+        return self.checkpointer.save(self.state_dict(), self.step)
+
+    def _fit_normalisers(self) -> None:
+        from muongen.data.reader import read_events
+        from muongen.model.normaliser import fit_normalisers, normalisers_fitted
+
+        if not normalisers_fitted(self.generator):  # a fresh run; checkpoints carry them
+            sample = read_events(self.files[0], max_events=max(self.cfg.data.batch_events, 20000))
+            fit_normalisers(self.generator, self.critic, self.to_features(sample))
+
+    def _close(self) -> None:
+        """Close every sink; an error while closing is logged, never raised over another."""
+        for close in (self.outliers.close, self._write_report, self.monitor.close):
+            try:
+                close()
+            except OSError as exc:
+                log.warning("while closing the run's outputs: %s", exc)
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+
+    def _write_report(self) -> None:
+        if self.dist.is_main:
+            self.report.write(self.run_dir / REPORT_NAME)
 
     # ------------------------------------------------------------------ health
 
@@ -541,132 +494,55 @@ class Trainer:
         consecutive = int(self._consecutive_skips)
         if consecutive < self.cfg.train.nonfinite_rollback_after:
             return it
-        self.nonfinite_total += consecutive
-        self.rollbacks += 1
-        if self.rollbacks > self.cfg.train.max_rollbacks:
+        c = self.counters
+        c.nonfinite_total += consecutive
+        c.rollbacks += 1
+        if c.rollbacks > self.cfg.train.max_rollbacks:
             raise TrainingError(
-                f"{consecutive} non-finite steps in a row at step {self.step} and "
-                f"{self.rollbacks - 1} rollbacks already: the run diverges. Lower the learning "
+                f"{consecutive} non-finite steps in a row at step {c.step} and "
+                f"{c.rollbacks - 1} rollbacks already: the run diverges. Lower the learning "
                 "rates (optim.lr_generator / optim.lr_critic), enable optim.grad_clip, or check "
                 f"the inputs (see {self.run_dir / REPORT_NAME})"
             )
-        if self._last_good is None:
+        last_good = self.checkpointer.last_good
+        if last_good is None:
             raise TrainingError(
-                f"{consecutive} non-finite steps in a row at step {self.step} before any "
+                f"{consecutive} non-finite steps in a row at step {c.step} before any "
                 "checkpoint exists: lower the learning rates or enable optim.grad_clip"
             )
         log.warning(
             "%d non-finite steps in a row at step %d: rolling back to %s (rollback %d of %d)",
             consecutive,
-            self.step,
-            self._last_good,
-            self.rollbacks,
+            c.step,
+            last_good,
+            c.rollbacks,
             self.cfg.train.max_rollbacks,
         )
-        rollbacks = self.rollbacks
-        self.load_state_dict(ckpt.load(self._last_good), source=self._last_good)
-        self.rollbacks = rollbacks
+        rollbacks = c.rollbacks
+        self.load_state_dict(fmt.load(last_good), source=last_good)
+        c.rollbacks = rollbacks
         seed_everything(self.cfg.train.seed + 7919 * rollbacks + self.dist.rank)  # new noise
         self._consecutive_skips.zero_()
         return iter(self.stream)
 
     # ------------------------------------------------------------------ logging
 
-    def _log(self, out, window, tb, gpu, progress, classify) -> None:
-        keys = ("c_loss", "g_loss", "m_loss", "gp", "w_gap", "skipped")
-        values = torch.stack([out[k].detach().float() for k in keys]).tolist()  # the one sync
-        m = dict(zip(keys, values))
-        self.w_gap_ma.update(m["w_gap"])
-        now = time.monotonic()
-        dt = max(now - window["t"], 1e-9)
-        m.update(
-            {
-                "w_gap_ma": self.w_gap_ma.value,
-                "batches_per_s": window["steps"] / dt,
-                "events_per_s": window["events"] / dt,
-                "muons_per_s": window["muons"] / dt,
-                **self.timer.snapshot(),  # time/<phase>_s and _frac since the last log
-                "health": classify(m["c_loss"]),
-            }
-        )
-        window.update(events=0, muons=0, steps=0, t=now)
-        if not self.dist.is_main:
-            return
-        scalars = {
-            "loss/c_loss": m["c_loss"],
-            "loss/g_loss": m["g_loss"],
-            "loss/m_loss": m["m_loss"],
-            "loss/gp": m["gp"],
-            "loss/w_gap": m["w_gap"],
-            "loss/w_gap_ma": m["w_gap_ma"],
-            "throughput/batches_per_s": m["batches_per_s"],
-            "throughput/events_per_s": m["events_per_s"] * self.dist.world_size,
-            "throughput/muons_per_s": m["muons_per_s"] * self.dist.world_size,
-            "health/skipped_updates": m["skipped"],
-            "health/rollbacks": self.rollbacks,
-        }
-        scalars.update({f"lr/{k}": v for k, v in self.step_fn.learning_rates().items()})
-        scalars.update(
-            {f"data/{k}": v for k, v in self.stream.stats.items() if isinstance(v, (int, float))}
-        )
-        scalars.update({k: v for k, v in m.items() if k.startswith("time/")})
-        if gpu:
-            scalars.update(gpu.snapshot())
-        tb.scalars(self.step, scalars)
-        if progress:
-            progress.update(self.step, m)
-        if m["health"] == "critical" and math.isfinite(m["c_loss"]):
-            log.warning(
-                "critic loss %.1f at step %d is critical (|c_loss| > 1000)", m["c_loss"], self.step
-            )
+    def _extra_scalars(self) -> dict[str, float]:
+        scalars = {f"lr/{k}": v for k, v in self.step_fn.learning_rates().items()}
+        stats = self.stream.stats.items()
+        scalars.update({f"data/{k}": v for k, v in stats if isinstance(v, (int, float))})
+        scalars.update(self.timer.snapshot())  # time/<phase>_s and _frac since the last log
+        scalars["health/rollbacks"] = self.rollbacks
+        return scalars
 
     @torch.no_grad()
-    def _log_histograms(self, batch: RaggedBatch, tb) -> None:
+    def _log_histograms(self, batch: RaggedBatch) -> None:
         """Real vs generated feature histograms on (a capped part of) this batch."""
         cap = self.cfg.logging.hist_max_muons
         cum = torch.cumsum(batch.counts, 0)
         n_ev = max(1, int(torch.searchsorted(cum, torch.tensor(cap)).item()))
         real = self.to_features(batch.slice(0, min(n_ev, batch.n_events)))
-        self.generator.eval()
-        fake_muons = self.generator.generate_with_counts(real.conditions, real.counts)
-        self.generator.train()
-        names = (
-            ["log10_energy", "x", "y"]
-            if self.cfg.model.representation == "xy"
-            else ["log10_energy", "r"]
-        )
-        tb.real_vs_generated(self.step, real.muons.float().cpu(), fake_muons.float().cpu(), names)
-        tb.histogram(
-            self.step, "hist/real/log10_mult", torch.log10(real.counts.float() + 1).cpu().numpy()
-        )
-        _, gen_counts, _ = self.generator(real.conditions)
-        tb.histogram(
-            self.step, "hist/gen/log10_mult", torch.log10(gen_counts.float() + 1).cpu().numpy()
-        )
-
-    def _make_validator(self):
-        if not (self.cfg.data.val_paths and self.cfg.logging.val_every):
-            return None
-        from muongen.evaluate.validation import Validator
-
-        return Validator(self.cfg.data.val_paths, self.cfg, self.device)
-
-    def _validate(self, validator, tb) -> None:
-        scalars, figures = validator.run(self.generator, self.step)
-        tb.scalars(self.step, {f"val/{k}": v for k, v in scalars.items()})
-        for tag, fig in figures.items():
-            tb.figure(self.step, f"val/{tag}", fig)
-
-    def _start_tb_sync(self):
-        if not self.cfg.storage.tb_sync_url:
-            return None
-        from muongen.storage.tbsync import TensorBoardSync
-
-        sync = TensorBoardSync(
-            str(self.tb_dir), self.cfg.storage.tb_sync_url, self.cfg.storage.tb_sync_every_s
-        )
-        sync.start()
-        return sync
+        self.monitor.histograms(self.step, real, self.generator)
 
     def _profile(self, it, steps: int) -> None:
         from muongen.monitor.profiler import profile
@@ -683,42 +559,20 @@ class Trainer:
         unused = ddp.gather_objects(self.unused_tail_events, self.dist)  # collective
         if not self.dist.is_main:
             return
+        c = self.counters
         summary = {
-            "step": self.step,
-            "steps_on_these_inputs": self.data_steps,
-            "events_seen": self.events_seen,
-            "muons_seen": self.muons_seen,
+            "step": c.step,
+            "steps_on_these_inputs": self.data.steps,
+            "events_seen": c.events_seen,
+            "muons_seen": c.muons_seen,
             "wall_s": round(seconds, 2),
-            "nonfinite_total": self.nonfinite_total,
-            "rollbacks": self.rollbacks,
+            "nonfinite_total": c.nonfinite_total,
+            "rollbacks": c.rollbacks,
             "data": self.stream.stats,
-            "w_gap_ma": self.w_gap_ma.value,
+            "w_gap_ma": self.monitor.w_gap_ma.value,
             "range": self.range_name,
             "unused_tail_events_per_rank": unused,
         }
         (self.run_dir / "summary.json").write_text(
             json.dumps(summary, indent=2, default=str) + "\n"
         )
-
-    # ------------------------------------------------------------------ signals
-
-    def _install_signal_handlers(self):
-        def handler(signum, _frame):
-            if self._stop_signal is not None and signum == signal.SIGINT:
-                raise KeyboardInterrupt  # a second Ctrl-C stops at once
-            self._stop_signal = signum
-            log.warning(
-                "received %s: will checkpoint and stop after this step", signal.Signals(signum).name
-            )
-
-        old = {}
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            # ValueError: not the main thread (tests calling train() in a thread)
-            with contextlib.suppress(ValueError):
-                old[sig] = signal.signal(sig, handler)
-        return old
-
-    @staticmethod
-    def _restore_signal_handlers(old) -> None:
-        for sig, h in old.items():
-            signal.signal(sig, h)

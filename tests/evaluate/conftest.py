@@ -91,7 +91,7 @@ def _tiny_generator(cfg):
 def tiny_checkpoint(tmp_path_factory) -> Path:
     """A checkpoint (.pt + manifest) of the tiny generator, written once per session through
     the trainer's own checkpoint writer, so load_for_inference reads it like a real one."""
-    from muongen.train import checkpoint
+    from muongen import checkpoint
 
     cfg = load_config(None, TINY_MODEL)
     out = tmp_path_factory.mktemp("ckpt")

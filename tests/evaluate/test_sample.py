@@ -143,8 +143,8 @@ def test_sample_cli_errors_are_user_errors(tmp_path, tiny_checkpoint, capsys):
 
 def test_sample_cli_warns_when_bundles_hit_the_generator_cap(tmp_path, capsys):
     """A bundle cut at model.max_generated_muons is reported, never silently truncated."""
+    from muongen import checkpoint
     from muongen.config import load_config
-    from muongen.train import checkpoint
 
     from .conftest import TINY_MODEL, _tiny_generator
 

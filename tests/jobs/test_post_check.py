@@ -141,11 +141,11 @@ def test_accepts_what_the_real_checkpoint_save_and_node_staging_write(tmp_path):
 
     import torch
 
-    from muongen.train import checkpoint as ckpt
+    from muongen import checkpoint as ckpt
 
     state = {"generator": {"w": torch.arange(6.0)}, "step": 321}
     saved = ckpt.save(state, tmp_path / "run", "step-000000321", step=321, range_name=RANGE)
-    staged = ckpt.copy_as(saved.manifest, tmp_path / "scratch", RANGE, range_name=RANGE)
+    staged = ckpt.publish_once(saved, tmp_path / "scratch", RANGE, range_name=RANGE)
     required = runpy.run_path(str(SCRIPT))["MANIFEST_KEYS"]
     assert set(required) <= set(json.loads(staged.manifest.read_text()))
     for manifest in (saved.manifest, staged.manifest):

@@ -175,3 +175,49 @@ def test_unknown_namespace_fails_without_retries(pelican_federation):
         files.open_input(fed.url("/nowhere/x.parquet"))
     # one try, then one probe: a 404 from the director is not worth retrying
     assert len([r for r in fed.requests("director") if r.path == "/nowhere/x.parquet"]) == 2
+
+
+@pytest.mark.parametrize(
+    "pattern, ranges, files_in_range",
+    [
+        ("/icecube/*/*-*/*.parquet", (0, 1, 2), (0, 1, 2)),  # a wildcard in every component
+        ("/icecube/s?m/*-*/0002*.par*", (2,), (0, 1, 2)),  # "?" in a folder name
+        ("/icecube/sim/*/000100?.parquet", (1,), (0, 1, 2)),  # "?" in a file name
+        ("/icecube/sim/000[01]*/*[02].parquet", (0, 1), (0, 2)),  # classes in both
+        ("/icecube/sim/0001000-0001999", (1,), (0, 1, 2)),  # a folder: its input files
+        ("/icecube/sim/", (0, 1, 2), (0, 1, 2)),  # ... found recursively, README.txt not
+    ],
+)
+def test_wildcards_in_any_component_and_folders(
+    pelican_federation, sim_tree, pattern, ranges, files_in_range
+):
+    fed = pelican_federation
+    got = files.expand_inputs(fed.url(pattern), token=read_token(fed))
+    want = [
+        fed.url(f"/icecube/sim/{r * 1000:07d}-{r * 1000 + 999:07d}/{r * 1000 + i:07d}.parquet")
+        for r in ranges
+        for i in files_in_range
+    ]
+    assert got == want
+
+
+def test_osdf_urls_glob_like_pelican_urls(pelican_federation, sim_tree, monkeypatch):
+    from muongen.storage import remote
+
+    fed = pelican_federation
+    monkeypatch.setattr(remote, "OSDF_DISCOVERY", fed.url("/"))
+    got = files.expand_inputs("osdf:///icecube/sim/*/00000?[0-1].parquet", token=read_token(fed))
+    assert got == [f"osdf:///icecube/sim/0000000-0000999/000000{i}.parquet" for i in (0, 1)]
+
+
+def test_a_remote_file_name_costs_no_request(pelican_federation, sim_tree):
+    fed = pelican_federation
+    before = len(fed.requests())
+    url = fed.url("/icecube/sim/0000000-0000999/0000000.parquet")
+    assert files.expand_inputs(url, token=read_token(fed)) == [url]
+    assert len(fed.requests()) == before
+
+
+def test_wildcard_above_a_namespace_is_explained(pelican_federation):
+    with pytest.raises(StorageError, match="first path component"):
+        files.expand_inputs(pelican_federation.url("/ice*/sim/*.parquet"))

@@ -127,11 +127,16 @@ def test_no_token_text_in_any_file_written(
                 pf.release(u)
         pt = work / "r0.pt"
         pt.write_bytes(os.urandom(5000))
-        manifest = {
+        manifest = {  # every key a manifest has (muongen.checkpoint.MANIFEST_KEYS)
             "name": "r0",
             "pt": "r0.pt",
+            "step": 1,
+            "range": None,
+            "created": "2025-01-01T00:00:00+00:00",
             "size": 5000,
             "sha256": hashlib.sha256(pt.read_bytes()).hexdigest(),
+            "muongen_version": "0",
+            "schema_version": 1,
         }
         (work / "r0.json").write_text(json.dumps(manifest))
         url = publish_checkpoint(str(pt), str(work / "r0.json"), fed.url("/icecube/out/ckpt"))

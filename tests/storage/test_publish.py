@@ -11,7 +11,7 @@ import pytest
 
 from muongen.errors import CheckpointError, StorageError, TokenError
 from muongen.storage import files
-from muongen.storage.publish import fetch_checkpoint, publish_checkpoint
+from muongen.storage.publish import fetch_checkpoint, fetch_published, publish_checkpoint
 from muongen.storage.tokens import Token
 
 WRITE = "storage.read:/icecube storage.create:/icecube/ckpt"
@@ -54,14 +54,54 @@ def test_publish_and_fetch_back(pelican_federation, tmp_path):
     assert len(fed.requests("origin", "PUT")) == 2
 
 
-def test_publish_refuses_to_overwrite_a_published_name(pelican_federation, tmp_path):
+def test_a_published_verified_name_is_final(pelican_federation, tmp_path, caplog):
+    """A retried node that trained again (other bytes: GPU training is not bitwise
+    reproducible) finds its range published: the published checkpoint is kept, no error."""
+    fed = pelican_federation
+    token = Token.from_value(fed.token(WRITE.replace("create", "modify")), "t")
+    dest = fed.url("/icecube/ckpt/camp")
+    url = publish_checkpoint(*make_checkpoint(tmp_path / "a", "r0", b"first"), dest, token=token)
+    puts = len(fed.requests("origin", "PUT"))
+    with caplog.at_level("WARNING"):
+        again = publish_checkpoint(
+            *make_checkpoint(tmp_path / "b", "r0", b"second"), dest, token=token
+        )
+    assert again == url and "is final" in caplog.text
+    assert len(fed.requests("origin", "PUT")) == puts  # nothing sent
+    assert fed.local("/icecube/ckpt/camp/r0.pt").read_bytes() == b"first"
+    got = fetch_published(dest, "r0", str(tmp_path / "f"), token=token)
+    assert Path(got).read_bytes() == b"first"
+    assert fetch_published(dest, "r9", str(tmp_path / "f"), token=token) is None
+
+
+def test_a_damaged_published_name_is_refused_not_replaced(pelican_federation, tmp_path):
     fed = pelican_federation
     token = Token.from_value(fed.token(WRITE.replace("create", "modify")), "t")
     dest = fed.url("/icecube/ckpt/camp")
     publish_checkpoint(*make_checkpoint(tmp_path / "a", "r0", b"first"), dest, token=token)
+    fed.local("/icecube/ckpt/camp/r0.pt").write_bytes(b"fir5t")  # damaged after publishing
     with pytest.raises(StorageError, match="immutable"):
         publish_checkpoint(*make_checkpoint(tmp_path / "b", "r0", b"second"), dest, token=token)
-    assert fed.local("/icecube/ckpt/camp/r0.pt").read_bytes() == b"first"
+    assert fed.local("/icecube/ckpt/camp/r0.pt").read_bytes() == b"fir5t"
+
+
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        (b"\x89PNG\r\n\x1a\n\xff\xfe garbage", "not text"),
+        (b"{not json", "not valid JSON"),
+        (b"[1, 2]", "not an object"),
+        (b'{"pt": "r0.pt"}', "lacks"),
+    ],
+)
+def test_a_manifest_of_garbage_is_refused_in_one_line(tmp_path, content, says):
+    pt, js = make_checkpoint(tmp_path / "run", "r0", b"bytes")
+    Path(js).write_bytes(content)
+    with pytest.raises(CheckpointError, match=says) as err:
+        publish_checkpoint(pt, js, str(tmp_path / "pub"))
+    assert js in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(CheckpointError, match=says):
+        fetch_checkpoint(js, str(tmp_path / "f"))
 
 
 def test_failed_publish_leaves_previous_state(pelican_federation, tmp_path):
@@ -126,9 +166,9 @@ def test_local_and_file_destinations(tmp_path):
         url = publish_checkpoint(pt, js, dest)
         got = fetch_checkpoint(url, str(tmp_path / "f" / dest[-4:]))
         assert Path(got).read_bytes() == b"local bytes"
-    bad_pt, bad_js = make_checkpoint(tmp_path / "other", "r0", b"other bytes")
-    with pytest.raises(StorageError, match="immutable"):
-        publish_checkpoint(bad_pt, bad_js, str(tmp_path / "pub"))
+    other_pt, other_js = make_checkpoint(tmp_path / "other", "r0", b"other bytes")
+    publish_checkpoint(other_pt, other_js, str(tmp_path / "pub"))  # final: kept as it was
+    assert (tmp_path / "pub" / "r0.pt").read_bytes() == b"local bytes"
     with open(pt, "ab") as f:
         f.write(b"!")
     with pytest.raises(CheckpointError, match="does not match its manifest"):

@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch import nn
 
+from muongen import checkpoint as ckpt
 from muongen.errors import CheckpointError
-from muongen.train import checkpoint as ckpt
+from muongen.train.checkpoint import load_optimizer, optimizer_state
 
 
 def _state(v: float = 1.0):
@@ -69,13 +70,19 @@ def test_rotate_keeps_last_k_and_removes_manifest_first(tmp_path):
     ]
 
 
-def test_copy_as_keeps_bytes_and_sha(tmp_path):
+def test_publish_once_links_keeps_sha_and_is_final(tmp_path):
     s = ckpt.save(_state(), tmp_path / "run", ckpt.STEP_NAME.format(3), step=3)
-    c = ckpt.copy_as(s.manifest, tmp_path / "pub", "0001000-0001999", range_name="0001000-0001999")
+    c = ckpt.publish_once(s, tmp_path / "pub", "0001000-0001999", range_name="0001000-0001999")
     assert c.sha256 == s.sha256 and c.pt.read_bytes() == s.pt.read_bytes()
+    assert c.pt.stat().st_ino == s.pt.stat().st_ino  # a hard link, not a second copy
     meta = ckpt.read_manifest(c.manifest)
     assert meta["name"] == "0001000-0001999" and meta["pt"] == "0001000-0001999.pt"
     ckpt.verify(c.manifest)
+    # a name holding a verified checkpoint is final: another checkpoint does not replace it
+    other = ckpt.save(_state(9), tmp_path / "run", ckpt.STEP_NAME.format(9), step=9)
+    again = ckpt.publish_once(other, tmp_path / "pub", "0001000-0001999")
+    assert again.sha256 == s.sha256 and again.step == 3
+    assert ckpt.read_manifest(c.manifest)["sha256"] == s.sha256
 
 
 def test_model_of_another_shape_is_refused_clearly():
@@ -89,18 +96,18 @@ def test_optimizer_mismatch_resets_with_warning(caplog):
     adam = torch.optim.Adam(model.parameters())
     model(torch.randn(2, 4)).sum().backward()
     adam.step()
-    saved = ckpt.optimizer_state(adam)
+    saved = optimizer_state(adam)
     sgd = torch.optim.SGD(model.parameters(), lr=0.1)
     with caplog.at_level(logging.WARNING):
-        assert ckpt.load_optimizer(sgd, saved, "critic") is False
+        assert load_optimizer(sgd, saved, "critic") is False
     assert "reset" in caplog.text
     other = nn.Linear(4, 8)
     adam2 = torch.optim.Adam([*list(other.parameters()), nn.Parameter(torch.zeros(2))])
-    assert ckpt.load_optimizer(adam2, saved, "critic") is False
+    assert load_optimizer(adam2, saved, "critic") is False
     same_count = nn.Linear(4, 5)  # same number of tensors, other shapes
-    assert ckpt.load_optimizer(torch.optim.Adam(same_count.parameters()), saved, "critic") is False
+    assert load_optimizer(torch.optim.Adam(same_count.parameters()), saved, "critic") is False
     adam3 = torch.optim.Adam(model.parameters())
-    assert ckpt.load_optimizer(adam3, saved, "critic") is True
+    assert load_optimizer(adam3, saved, "critic") is True
     assert adam3.state_dict()["state"][0]["step"] == 1
 
 
@@ -112,3 +119,34 @@ def test_resolve_takes_a_folder_and_picks_the_newest_valid(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(CheckpointError, match="no valid checkpoint"):
         ckpt.resolve(tmp_path / "empty")
+
+
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        (bytes(range(256)), "not text"),
+        (b'{"step": 1,', "not valid JSON"),
+        (b'"a string"', "not an object"),
+        (b'{"pt": "a.pt"}', "lacks"),
+    ],
+)
+def test_a_manifest_of_garbage_is_one_clear_error(tmp_path, content, says):
+    ckpt.save(_state(1), tmp_path, ckpt.STEP_NAME.format(1), step=1)
+    bad = ckpt.save(_state(2), tmp_path, ckpt.STEP_NAME.format(2), step=2)
+    bad.manifest.write_bytes(content)
+    with pytest.raises(CheckpointError, match=says) as err:
+        ckpt.read_manifest(bad.manifest)
+    assert str(bad.manifest) in str(err.value) and "\n" not in str(err.value)
+    assert ckpt.find_latest(tmp_path).name == "step-000000001.json"  # skipped, not a crash
+
+
+def test_sample_with_a_garbage_manifest_prints_one_line(tmp_path, capsys):
+    from muongen import cli
+
+    bad = tmp_path / "step-000000001.json"
+    bad.write_bytes(b"\xff\xfe\x00garbage")
+    grid = "energy=1e6,zenith=0,mass=1,depth=1500,count=1"
+    argv = ["sample", "--checkpoint", str(bad), "--grid", grid, "--out", str(tmp_path / "o.h5")]
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and "not text" in err and "Traceback" not in err

@@ -1,0 +1,139 @@
+"""`muongen export`: TorchScript and ONNX files that give what muongen's own sampler gives."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from muongen.cli import main
+from muongen.config import load_config
+from muongen.errors import MuongenError
+from muongen.evaluate.sample import generate
+from muongen.export import PhysicalGenerator, example_inputs, sampler_noise
+from muongen.model import build_models
+
+SMALL = [
+    "model.z_global=4",
+    "model.z_local=3",
+    "model.context=16",
+    "model.mult_hidden=[8]",
+    "model.local_hidden=[16]",
+    "model.critic_muon_hidden=[8]",
+    "model.critic_head_hidden=[8]",
+]
+
+
+def _checkpoint(tmp_path_factory, overrides: list[str]):
+    """A checkpoint of a small untrained generator whose multiplicity head says about
+    5 muons per event (untrained weights would give none), written by the trainer's own
+    checkpoint writer so that export loads it the way it loads a real one."""
+    from muongen import checkpoint
+
+    cfg = load_config(None, SMALL + overrides)
+    torch.manual_seed(0)
+    generator, _ = build_models(cfg.model)
+    with torch.no_grad():
+        generator.multiplicity[-1].bias.fill_(0.8)
+        generator.cond_norm.mean.copy_(torch.tensor([0.5, 0.7, 0.6, 1.9]))
+        generator.cond_norm.std.copy_(torch.tensor([0.9, 0.2, 0.7, 0.5]))
+    out = tmp_path_factory.mktemp("ckpt")
+    saved = checkpoint.save(
+        {"config": cfg.to_dict(), "generator": generator.state_dict()}, out, "small", step=3
+    )
+    return saved.manifest
+
+
+@pytest.fixture(scope="module", params=["xy", "radial"])
+def small_checkpoint(request, tmp_path_factory):
+    """Small checkpoints in both muon representations (xy: rotated bundles; radial: drawn
+    azimuths), lognormal multiplicity: every noise input is used."""
+    return _checkpoint(tmp_path_factory, [f"model.representation={request.param}"])
+
+
+def _loaded(checkpoint):
+    from muongen.checkpoint import load_for_inference
+
+    generator, _ = load_for_inference(checkpoint, "cpu")
+    return generator, PhysicalGenerator(generator).eval()
+
+
+@torch.no_grad()
+def test_physical_generator_replays_muongens_sampler(small_checkpoint):
+    generator, module = _loaded(small_checkpoint)
+    cond = example_inputs(module, 40)[0]
+    stub = torch.zeros(1, module.z_local + 1)
+    event, muon = sampler_noise(module, 40, 7, lambda ev: module(cond, ev, stub)[0])
+    counts, muons = module(cond, event, muon)
+    ref = generate(generator, cond, seed=7)
+    assert counts.sum() > 40  # muons were made, so the comparison means something
+    assert torch.equal(counts, ref.counts)
+    torch.testing.assert_close(muons, ref.muons, rtol=1e-5, atol=1e-4)
+
+
+@torch.no_grad()
+def test_too_little_muon_noise_is_reused_and_counts_do_not_change(small_checkpoint):
+    _, module = _loaded(small_checkpoint)
+    cond, event, muon = example_inputs(module, 30, 500)
+    counts, muons = module(cond, event, muon)
+    n = int(counts.sum())
+    few_counts, few_muons = module(cond, event, muon[:5])
+    assert torch.equal(few_counts, counts) and few_muons.shape == (n, 3)
+    assert not torch.allclose(few_muons, muons)  # rows 5.. used other noise
+    torch.testing.assert_close(few_muons[:5], muons[:5])
+
+
+def _export(checkpoint, fmt, out):
+    assert main(["export", str(checkpoint), "--format", fmt, "--out", str(out)]) == 0
+    assert out.stat().st_size > 1000
+
+
+@torch.no_grad()
+def test_torchscript_file_matches_for_any_batch_and_multiplicity(small_checkpoint, tmp_path):
+    _, module = _loaded(small_checkpoint)
+    out = tmp_path / "gen.pt"
+    _export(small_checkpoint, "torchscript", out)
+    extra = {"muongen.json": ""}
+    loaded = torch.jit.load(str(out), _extra_files=extra)
+    meta = json.loads(extra["muongen.json"])
+    assert meta["z_global"] == "4" and meta["z_local"] == "3"
+    for n_events, seed in ((1, 1), (37, 2), (300, 3)):  # not the traced example's size
+        inputs = example_inputs(module, n_events, 4000, seed=seed)
+        want = module(*inputs)
+        got = loaded(*inputs)
+        assert torch.equal(got[0], want[0])
+        torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-4)
+
+
+@torch.no_grad()
+def test_onnx_file_matches_in_onnxruntime(small_checkpoint, tmp_path):
+    ort = pytest.importorskip("onnxruntime", reason="the export extra: pip install -e .[export]")
+    import onnx
+
+    generator, module = _loaded(small_checkpoint)
+    out = tmp_path / "gen.onnx"
+    _export(small_checkpoint, "onnx", out)
+    props = {p.key: p.value for p in onnx.load(str(out)).metadata_props}
+    assert props["representation"] == module.representation
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == ["conditions", "event_noise", "muon_noise"]
+    cond = example_inputs(module, 120, 1, seed=5)[0]
+    stub = torch.zeros(1, module.z_local + 1)
+    event, muon = sampler_noise(module, 120, 11, lambda ev: module(cond, ev, stub)[0])
+    counts, muons = session.run(
+        None, {"conditions": cond.numpy(), "event_noise": event.numpy(), "muon_noise": muon.numpy()}
+    )
+    ref = generate(generator, cond, seed=11)  # muongen's own sampler, same seed
+    np.testing.assert_array_equal(counts, ref.counts.numpy())
+    np.testing.assert_allclose(muons, ref.muons.numpy(), rtol=1e-3, atol=1e-3)
+
+
+def test_export_refuses_what_is_not_a_checkpoint(tmp_path):
+    bad = tmp_path / "nothing.pt"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(MuongenError):
+        from muongen.export import export
+
+        export(str(bad), "torchscript", tmp_path / "x.pt")
