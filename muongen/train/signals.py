@@ -14,9 +14,11 @@ import contextlib
 import logging
 import signal
 
+from submit.constants import EXIT_SELF_CHECKPOINT
+
 log = logging.getLogger(__name__)
 
-EXIT_RESTART = 85  # HTCondor's checkpoint_exit_code convention: nothing lost, run me again
+EXIT_RESTART = EXIT_SELF_CHECKPOINT  # HTCondor's checkpoint_exit_code: nothing lost, run me again
 
 
 class Evicted(BaseException):
