@@ -62,6 +62,10 @@ class PhysicalGenerator(nn.Module):
 
     def __init__(self, generator: nn.Module) -> None:
         super().__init__()
+        for _ in range(3):  # an averaged (EMA) or wrapped copy: the generator inside
+            if hasattr(generator, "cond_norm"):
+                break
+            generator = getattr(generator, "module", None) or generator._orig_mod
         self.cond_norm = generator.cond_norm
         self.muon_norm = generator.muon_norm
         self.multiplicity = generator.multiplicity
@@ -91,7 +95,15 @@ class PhysicalGenerator(nn.Module):
         event_of = torch.repeat_interleave(events, counts)  # (N,) event of each muon
         rows = torch.remainder(torch.cumsum(torch.ones_like(event_of), 0) - 1, muon_noise.shape[0])
         noise = muon_noise.index_select(0, rows)  # (N, Zl + 1)
-        out = self.local_net(torch.cat([context.index_select(0, event_of), noise[:, :zl]], -1))
+        # the local net's first layer on [context, z_local], split exactly: the context part
+        # once per event, the noise part per muon (per-muon cost independent of the width)
+        first = self.local_net[0]
+        width = context.shape[1]
+        per_event = nn.functional.linear(context, first.weight[:, :width], first.bias)  # (B, H)
+        hidden = torch.addmm(
+            per_event.index_select(0, event_of), noise[:, :zl], first.weight[:, width:].t()
+        )  # (N, H)
+        out = self.local_net[1:](hidden)  # (N, F) standardised
         feat = self.muon_norm.inverse(out)  # (N, F) features
         energy = schema.ENERGY_SCALE_GEV * torch.pow(10.0, feat[:, 0])
         if self.representation == "radial":
@@ -187,10 +199,12 @@ def sampler_noise(
 def export_torchscript(module: PhysicalGenerator, path: str | os.PathLike) -> None:
     """Trace and save; the constants are stored as extra files beside the code."""
     module = module.eval()
-    with torch.no_grad():
+    # PyTorch calls TorchScript deprecated; libtorch still loads it, which is what it is for
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
         traced = torch.jit.trace(module, example_inputs(module), check_trace=False)
-    extra = {"muongen.json": json.dumps(module.metadata())}
-    torch.jit.save(traced, str(path), _extra_files=extra)
+        extra = {"muongen.json": json.dumps(module.metadata())}
+        torch.jit.save(traced, str(path), _extra_files=extra)
 
 
 def export_onnx(module: PhysicalGenerator, path: str | os.PathLike) -> None:

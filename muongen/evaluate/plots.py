@@ -38,6 +38,13 @@ LABELS = {
     "log10_leading_energy": r"$\log_{10}(E_\mu^\mathrm{leading}\,/\,\mathrm{GeV})$",
     "mean_radius": r"bundle mean $r$ [m]",
 }
+#: Axis labels of the primary's condition variables (the binned metrics' x axes).
+CONDITION_LABELS = {
+    "log10_energy": r"primary $\log_{10}(E\,/\,\mathrm{GeV})$",
+    "cos_zenith": r"primary $\cos\theta$",
+    "log10_mass": r"primary $\log_{10} A$",
+    "depth": "vertical depth [m]",
+}
 #: Observables histogrammed in log-spaced bins on a log axis (they span decades).
 LOG_X = ("radius", "mean_radius")
 #: Units of one x unit, for the density axis label.
@@ -386,7 +393,7 @@ def binned_ratios(result: dict[str, Any], metrics: tuple[str, ...] = KEY_METRICS
         ax.axhline(1.0, color="0.4", lw=0.8, label="floor")
         ax.axhline(target, color="tab:red", lw=0.8, ls="--", label=f"target {target:g} x floor")
         ax.set_yscale("log")
-        ax.set_xlabel(var)
+        ax.set_xlabel(CONDITION_LABELS.get(var, var))
         ax.set_ylabel("metric / floor")
     axes[0].legend(fontsize=8, title="filled: model, open: baseline", title_fontsize=8)
     return fig
