@@ -84,7 +84,16 @@ class ModelConfig:
     critic_head_hidden: list[int] = field(default_factory=lambda: [128, 64])
     """Hidden widths of the critic's event-level head."""
     pooling: Literal["amax", "mean"] = "amax"
-    """How the critic pools muons per event."""
+    """How the pointnet critic pools muons per event."""
+    critic: Literal["pointnet", "epic"] = "pointnet"
+    """The critic: pointnet = the original's (per-muon MLP, one pooling, event head);
+    epic = EPiC-style (muons and their event exchange information in residual layers)."""
+    critic_local_width: int = 32
+    """EPiC critic: width of each muon's vector."""
+    critic_global_width: int = 128
+    """EPiC critic: width of each event's vector."""
+    critic_layers: int = 2
+    """EPiC critic: muon <-> event exchange layers."""
     max_generated_muons: int = 20000
     """Cap on the muons the generator makes for one event (protects memory; 0: no cap)."""
     multiplicity: Literal["lognormal", "round"] = "lognormal"

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from muongen.config import ModelConfig
-from muongen.model.critic import Critic
+from muongen.model.critic import Critic, EpicCritic
 from muongen.model.generator import Generator
 
 
-def build_models(cfg: ModelConfig) -> tuple[Generator, Critic]:
+def build_models(cfg: ModelConfig) -> tuple[Generator, Critic | EpicCritic]:
     """The generator and the critic for ``cfg`` (fresh weights from the global RNG)."""
-    return Generator(cfg), Critic(cfg)
+    generator = Generator(cfg)  # first: fresh weights drawn in the same order as before
+    return generator, EpicCritic(cfg) if cfg.critic == "epic" else Critic(cfg)
 
 
-__all__ = ["Critic", "Generator", "build_models"]
+__all__ = ["Critic", "EpicCritic", "Generator", "build_models"]

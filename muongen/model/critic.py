@@ -1,8 +1,9 @@
 """The critic: a set function over one event's muons and its condition -> a score.
 
 Per-muon network over [muon, condition of its event] (-64-128, LayerNorm, LeakyReLU),
-pooled per event with ``scatter_reduce`` (amax or mean; a symmetric function, so the
-score does not depend on the muons' order), then an event head over [pooled, condition].
+pooled per event (amax or mean over the event's contiguous rows,
+:mod:`muongen.model.pooling`; a symmetric function, so the score does not depend on the
+muons' order within an event), then an event head over [pooled, condition].
 
 Muon features and conditions are standardised first (:mod:`muongen.model.normaliser`,
 the generator's statistics); :meth:`Critic.score` takes muons already standardised, which
@@ -20,8 +21,9 @@ from torch import nn
 
 from muongen import schema
 from muongen.config import ModelConfig
-from muongen.model.layers import leaky_relu, mlp
+from muongen.model.layers import leaky_relu, mlp, split_linear
 from muongen.model.normaliser import Standardiser, muon_standardiser
+from muongen.model.pooling import segment_max, segment_mean
 
 
 def event_index_of(counts: torch.Tensor, n_muons: int) -> torch.Tensor:
@@ -64,11 +66,12 @@ class Critic(nn.Module):
         """Score each event.
 
         Args:
-            muons: (N, F) muon features, event after event (any order within an event).
+            muons: (N, F) muon features grouped by event, event after event (any order
+                within an event).
             cond: (B, 4) condition features.
             counts: (B,) int64 muons per event, sum = N.
-            event_index: (N,) event of each muon when the caller has it; muons need then
-                not be grouped by event.
+            event_index: (N,) the event of each muon (``repeat_interleave`` of counts)
+                when the caller has it.
 
         Returns:
             (B,) scores.
@@ -83,14 +86,108 @@ class Critic(nn.Module):
         event_index: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Like :meth:`forward` but for standardised muons (N, F) (``muon_norm(muons)``)."""
-        b, n = cond.shape[0], muons.shape[0]
         if event_index is None:
-            event_index = event_index_of(counts, n)
+            event_index = event_index_of(counts, muons.shape[0])
         cond = self.cond_norm(cond)
-        h = self.muon_net(torch.cat([muons, cond[event_index]], dim=-1))  # (N, H)
-        index = event_index.unsqueeze(-1).expand_as(h)
-        pooled = h.new_zeros(b, h.shape[1]).scatter_reduce(
-            0, index, h, reduce=self.pooling, include_self=False
-        )  # (B, H); rows of empty events keep the zeros and are replaced below
+        h = self.muon_net(torch.cat([muons, cond.index_select(0, event_index)], dim=-1))  # (N, H)
+        if self.pooling == "amax":
+            pooled = segment_max(h, counts, event_index)  # (B, H)
+        else:
+            pooled = segment_mean(h, counts, event_index)
         pooled = torch.where((counts > 0).unsqueeze(-1), pooled, self.empty_fill.to(pooled.dtype))
         return self.head(torch.cat([pooled, cond.to(pooled.dtype)], dim=-1)).squeeze(-1)
+
+
+class EpicCritic(nn.Module):
+    """An EPiC-style critic (Buhmann et al., "EPiC-GAN", 2023): muons and their event talk.
+
+    Each muon gets a narrow per-muon vector phi (width L), each event a wide vector g
+    (width G). g starts from the event's condition, log(N + 1), the low moments of its
+    muons (mean and mean square of each standardised feature) and phi pooled by mean and
+    max; then ``critic_layers`` times, every muon's phi is updated from [g of its event,
+    phi] (residual) and g from [g, mean and max of the new phi, condition] (residual).
+    The score is an MLP on [g, condition]. Each muon's update sees the whole bundle through
+    g, so the critic judges the within-bundle distribution (the energy-radius correlation,
+    the spectrum at a given multiplicity), not only per-muon extremes. The per-event part
+    of each per-muon layer is computed once per event (:func:`split_linear`), so the
+    per-muon cost follows L, not G. Sum pooling is mean x N, and N is an input.
+
+    An event without muons has mean and max 0 and N = 0: no fill is needed.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_features = f = schema.muon_feature_dim(cfg.representation)
+        nc = schema.N_CONDITION
+        local, wide = cfg.critic_local_width, cfg.critic_global_width
+        self.cond_norm = Standardiser(nc)
+        self.muon_norm = muon_standardiser(cfg)
+        self.embed = nn.Linear(f, local)
+        self.global_in = nn.Linear(2 * local + 2 * f + nc + 1, wide)
+        self.layers = nn.ModuleList(_EpicLayer(local, wide, nc) for _ in range(cfg.critic_layers))
+        # no output bias: a constant offset cancels in every WGAN loss and in the GP
+        self.head = mlp(wide + nc, [wide], 1, activation=leaky_relu, out_bias=False)
+
+    def forward(
+        self,
+        muons: torch.Tensor,
+        cond: torch.Tensor,
+        counts: torch.Tensor,
+        event_index: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Score each event; arguments as :meth:`Critic.forward`. Returns (B,) scores."""
+        return self.score(self.muon_norm(muons), cond, counts, event_index)
+
+    def score(
+        self,
+        muons: torch.Tensor,
+        cond: torch.Tensor,
+        counts: torch.Tensor,
+        event_index: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Like :meth:`forward` but for standardised muons (N, F) (``muon_norm(muons)``)."""
+        if event_index is None:
+            event_index = event_index_of(counts, muons.shape[0])
+        c = self.cond_norm(cond).to(muons.dtype)
+        log_n = torch.log1p(counts.to(muons.dtype)).unsqueeze(-1)  # (B, 1)
+        phi = _act(self.embed(muons))  # (N, L)
+        moments = segment_mean(torch.cat([muons, muons * muons], -1), counts, event_index)
+        pooled = _pool(phi, counts, event_index)  # (B, 2L)
+        g = _act(self.global_in(torch.cat([pooled, moments, c, log_n], -1)))  # (B, G)
+        for layer in self.layers:
+            phi, g = layer(phi, g, c, counts, event_index)
+        return self.head(torch.cat([g, c], -1)).squeeze(-1)
+
+
+def _act(x: torch.Tensor) -> torch.Tensor:
+    return nn.functional.leaky_relu(x, 0.2)
+
+
+def _pool(phi: torch.Tensor, counts: torch.Tensor, event_index: torch.Tensor) -> torch.Tensor:
+    """(N, L) -> (B, 2L): per-event mean and max."""
+    mean = segment_mean(phi, counts, event_index)
+    return torch.cat([mean, segment_max(phi, counts, event_index)], -1)
+
+
+class _EpicLayer(nn.Module):
+    """One residual exchange: muons read their event, the event reads its muons."""
+
+    def __init__(self, local: int, wide: int, n_cond: int) -> None:
+        super().__init__()
+        self.local_in = nn.Linear(wide + local, local)  # [g of the event, phi], split
+        self.local_out = nn.Linear(local, local)
+        self.global_in = nn.Linear(wide + 2 * local + n_cond, wide)
+        self.global_out = nn.Linear(wide, wide)
+
+    def forward(
+        self,
+        phi: torch.Tensor,
+        g: torch.Tensor,
+        cond: torch.Tensor,
+        counts: torch.Tensor,
+        event_index: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        h = _act(split_linear(self.local_in, g, phi, counts, event_index))  # (N, L)
+        phi = phi + _act(self.local_out(h))
+        h = _act(self.global_in(torch.cat([g, _pool(phi, counts, event_index), cond], -1)))
+        return phi, g + _act(self.global_out(h))  # (N, L), (B, G)

@@ -35,7 +35,7 @@ from torch import nn
 
 from muongen import schema
 from muongen.config import ModelConfig
-from muongen.model.layers import leaky_relu, mlp
+from muongen.model.layers import leaky_relu, mlp, split_linear
 from muongen.model.normaliser import Standardiser, muon_standardiser
 
 #: bounds of the predicted log standard deviation of log10(N + 1) (numerical safety)
@@ -174,13 +174,23 @@ class Generator(nn.Module):
         if n_muons is None:
             n_muons = int(counts.sum())
         b = cond.shape[0]
+        if 0 < n_muons < b:
+            # at most n_muons events have muons: the per-event nets run on those alone
+            # (nonzero_static: a size the host knows, so nothing is read back)
+            rows = torch.nonzero_static(counts, size=n_muons, fill_value=-1).squeeze(-1)
+            keep = rows >= 0  # (n_muons,) the padding rows get no muons
+            rows = rows.clamp(min=0)
+            cond, counts = cond[rows], torch.where(keep, counts[rows], 0)
+            b = n_muons
         log_n = torch.log10(counts.to(cond.dtype) + 1.0).unsqueeze(-1)  # (B, 1)
         z = _noise((b, self.z_global), cond, generator)
         c = self.cond_norm(cond)
         context = self.global_net(torch.cat([z, c, log_n], dim=-1))  # (B, C)
-        per_muon = torch.repeat_interleave(context, counts, dim=0, output_size=n_muons)  # (N, C)
-        z_local = _noise((n_muons, self.z_local), per_muon, generator)
-        out = self.local_net(torch.cat([per_muon, z_local], dim=-1))  # (N, F) standardised
+        # the local net's first layer on [context, z_local], split exactly: its context
+        # part once per event, its noise part per muon (per-muon cost independent of C)
+        z_local = _noise((n_muons, self.z_local), context, generator)
+        hidden = split_linear(self.local_net[0], context, z_local, counts)  # (N, H)
+        out = self.local_net[1:](hidden)  # (N, F) standardised
         muons = self.muon_norm.inverse(out)  # radial: r = exp(...) > 0
         if not self.rotate:
             return muons

@@ -1,9 +1,10 @@
-"""The one building block the generator and the critic share: a plain MLP."""
+"""Building blocks the generator and the critic share: a plain MLP, a split first layer."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import torch
 from torch import nn
 
 
@@ -38,3 +39,35 @@ def mlp(
 def leaky_relu() -> nn.Module:
     """LeakyReLU with the original trainer's slope 0.2."""
     return nn.LeakyReLU(0.2)
+
+
+def split_linear(
+    linear: nn.Linear,
+    per_event: torch.Tensor,
+    per_muon: torch.Tensor,
+    counts: torch.Tensor,
+    event_index: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``linear`` on each muon's input [per_event of its event, per_muon], computed exactly
+    as a per-event part (once per event) plus a per-muon part.
+
+    ``linear.weight`` (H, E + M) splits by columns into W_e (H, E) and W_m (H, M):
+    W [e; m] + b = (W_e e + b) + W_m m, so the per-muon cost is that of M inputs, not E + M.
+
+    Args:
+        linear: a Linear with E + M inputs.
+        per_event: (B, E) one vector per event.
+        per_muon: (N, M) one vector per muon, grouped by event.
+        counts: (B,) int64 muons per event.
+        event_index: (N,) the event of each muon, when the caller has it.
+
+    Returns:
+        (N, H), equal (to rounding) to ``linear(cat([per_event[event_index], per_muon]))``.
+    """
+    width = per_event.shape[1]
+    event_part = nn.functional.linear(per_event, linear.weight[:, :width], linear.bias)  # (B, H)
+    if event_index is None:
+        rows = torch.repeat_interleave(event_part, counts, dim=0, output_size=per_muon.shape[0])
+    else:
+        rows = event_part.index_select(0, event_index)  # (N, H)
+    return torch.addmm(rows, per_muon, linear.weight[:, width:].t())

@@ -6,16 +6,28 @@ import torch
 from torch.nn import functional as F
 
 
+def _mean(scores: torch.Tensor, n_events: int | None) -> torch.Tensor:
+    return scores.mean() if n_events is None else scores.sum() / max(n_events, 1)
+
+
 def critic_loss(
-    d_real: torch.Tensor, d_fake: torch.Tensor, gp: torch.Tensor, gp_lambda: float
+    d_real: torch.Tensor,
+    d_fake: torch.Tensor,
+    gp: torch.Tensor,
+    gp_lambda: float,
+    n_events: int | None = None,
 ) -> torch.Tensor:
-    """L_C = mean D(fake) - mean D(real) + lambda * GP."""
-    return d_fake.mean() - d_real.mean() + gp_lambda * gp
+    """L_C = mean D(fake) - mean D(real) + lambda * GP.
+
+    With ``n_events`` the scores cover part of a batch of that many events (the others
+    score 0 here: events that score alike real and fake) and the means are sums / n_events.
+    """
+    return _mean(d_fake, n_events) - _mean(d_real, n_events) + gp_lambda * gp
 
 
-def generator_loss(d_fake: torch.Tensor) -> torch.Tensor:
-    """L_G (adversarial part) = -mean D(G(c))."""
-    return -d_fake.mean()
+def generator_loss(d_fake: torch.Tensor, n_events: int | None = None) -> torch.Tensor:
+    """L_G (adversarial part) = -mean D(G(c)) (``n_events``: as in :func:`critic_loss`)."""
+    return -_mean(d_fake, n_events)
 
 
 def multiplicity_loss(log_mult: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -37,6 +49,6 @@ def multiplicity_nll(
     return (0.5 * ((target - mean) * torch.exp(-log_std)).pow(2) + log_std).mean()
 
 
-def w_gap(d_real: torch.Tensor, d_fake: torch.Tensor) -> torch.Tensor:
+def w_gap(d_real: torch.Tensor, d_fake: torch.Tensor, n_events: int | None = None) -> torch.Tensor:
     """The Wasserstein-gap estimate mean D(real) - mean D(fake) (reported, not trained)."""
-    return (d_real.mean() - d_fake.mean()).detach()
+    return (_mean(d_real, n_events) - _mean(d_fake, n_events)).detach()

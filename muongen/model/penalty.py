@@ -27,7 +27,8 @@ on the device (repeat_interleave, cumsum, topk, index_add); the tensor shapes de
 on the number of real muons and on max_pairs, which the host knows, so nothing is read
 back from the device. Rows that are not valid pairs (or not drawn) are parked in one
 extra dummy event whose score is left out of the gradient and whose rows are masked out
-of the mean; the critic gets each row's event index, so rows need no grouping.
+of the mean; rows are sorted by event (the critic pools contiguous rows) and handed to the
+critic with their event index.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def gradient_penalty(
     """The (unweighted) gradient penalty of ``critic`` between real and fake events.
 
     Args:
-        critic: called as ``critic(muons, cond, counts, event_index)`` -> (B,) scores.
+        critic: called as ``critic(muons, cond, counts, event_index)`` -> (B,) scores, with
+            the rows grouped by event.
         cond: (B, 4) condition features.
         real_muons: (N_r, F) real muons, event after event; real_counts: (B,) int64.
         fake_muons: (N_f, F) fake muons, event after event; fake_counts: (B,) int64.
@@ -103,8 +105,9 @@ def gradient_penalty(
     else:
         cand = slot
     v = valid[cand]  # (M,)
-    # rows go to the critic with their event index, so they need not be grouped by event
-    e = torch.where(v, ev[cand], b)  # (M,) interpolated event, b = the dummy event
+    # the critic wants rows grouped by event: sort them by event, the dummy event b last
+    e, order = torch.sort(torch.where(v, ev[cand], b), stable=True)  # (M,)
+    cand, v = cand[order], v[order]
     e_safe = torch.where(v, e, 0)
     fake_row = torch.where(v, start_fake[e_safe] + rank[cand], 0)
     if alpha is None:

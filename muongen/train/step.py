@@ -27,6 +27,7 @@ import functools
 import logging
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -87,6 +88,41 @@ def make_optimizer(
         for p in params:
             opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
     return opt
+
+
+@dataclass
+class _Scored:
+    """The events of one microbatch that the critic scores, muons grouped by event.
+
+    With the real counts (``train.fake_counts = "real"``) an event without muons is empty
+    in the real and in the fake set alike: it scores the same in both, so it cancels in the
+    critic's loss and carries no gradient to the generator. Only events with muons are
+    scored then, at most N of the B events, found with ``nonzero_static`` (padded with
+    empty rows, masked out); losses stay sums over the scored events / B, i.e. the means
+    over the batch that the original computes. At the production multiplicity (most events
+    empty) this removes most of the per-event work of the generator and the critic.
+    With the predicted counts every event is scored.
+    """
+
+    batch: RaggedBatch
+    cond: torch.Tensor  # (B', 4)
+    muons: torch.Tensor  # (N, F)
+    counts: torch.Tensor  # (B',)
+    n_events: int  # B, the events the losses average over
+    valid: torch.Tensor | None  # (B',) bool: scored rows that count (None: all)
+    event_index: torch.Tensor = field(init=False)  # (N,) the event of each real muon
+
+    def __post_init__(self) -> None:
+        events = torch.arange(self.counts.shape[0], device=self.counts.device)
+        self.event_index = torch.repeat_interleave(events, self.counts, output_size=self.n_muons)
+
+    @property
+    def n_muons(self) -> int:
+        return int(self.muons.shape[0])
+
+    def mask(self, scores: torch.Tensor) -> torch.Tensor:
+        """(B',) scores with the rows that do not count set to 0."""
+        return scores if self.valid is None else torch.where(self.valid, scores, 0.0)
 
 
 class GanStep:
@@ -192,6 +228,7 @@ class GanStep:
             raise ValueError("GanStep needs at least one microbatch with events")
         total = sum(m.n_events for m in micro)
         weights = [m.n_events / total for m in micro]
+        micro = [self._scored(m) for m in micro]
         ocfg = self.optim_cfg
 
         c_losses, gaps, gps, bads = [], [], [], []
@@ -225,22 +262,21 @@ class GanStep:
         }
 
     def _critic_update(
-        self, micro: list[RaggedBatch], weights: list[float], use_gp: bool
+        self, micro: list[_Scored], weights: list[float], use_gp: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         ocfg = self.optim_cfg
         self.opt_c.zero_grad(set_to_none=True)
         loss_sum = gap_sum = gp_sum = torch.zeros((), device=self.device)
         for mb, w in zip(micro, weights):
-            b = mb.n_events
             with torch.no_grad(), self._autocast():
                 fake, fake_counts = self._fake(mb)
+            fake = fake.to(mb.muons.dtype)
+            fake_index = mb.event_index if fake_counts is mb.counts else None
             with self._autocast():
-                scores = self._critic_fwd(
-                    torch.cat([mb.muons, fake.to(mb.muons.dtype)]),
-                    torch.cat([mb.conditions, mb.conditions]),
-                    torch.cat([mb.counts, fake_counts]),
-                ).float()  # (2B,)
-                d_real, d_fake = scores[:b], scores[b:]
+                # real and fake scored apart: no concatenated copy of the two sets
+                d_real = mb.mask(self._critic_fwd(mb.muons, mb.cond, mb.counts, mb.event_index))
+                d_fake = mb.mask(self._critic_fwd(fake, mb.cond, fake_counts, fake_index))
+            d_real, d_fake = d_real.float(), d_fake.float()
             gp = torch.zeros((), device=self.device)
             if use_gp:
                 # fp16 has too little range for the double backward: GP in fp32 then.
@@ -250,25 +286,26 @@ class GanStep:
                 with self._autocast(enabled=self.amp_dtype is torch.bfloat16):
                     gp = self.penalty_fn(
                         self.critic.score,
-                        mb.conditions,
+                        mb.cond,
                         norm(mb.muons),
                         mb.counts,
-                        norm(fake.to(mb.muons.dtype)),
+                        norm(fake),
                         fake_counts,
                         max_pairs=ocfg.gp_max_pairs,
                         fraction=ocfg.gp_fraction,
                         norm=ocfg.gp_norm,
                     )
-            loss = critic_loss(d_real, d_fake, gp, ocfg.gp_lambda if use_gp else 0.0)
+            lam = ocfg.gp_lambda if use_gp else 0.0
+            loss = critic_loss(d_real, d_fake, gp, lam, n_events=mb.n_events)
             self._backward(loss * w)
             loss_sum = loss_sum + loss.detach() * w
-            gap_sum = gap_sum + w_gap(d_real, d_fake) * w
+            gap_sum = gap_sum + w_gap(d_real, d_fake, n_events=mb.n_events) * w
             gp_sum = gp_sum + gp.detach() * w
         bad = self._apply(self.opt_c, self.critic, loss_sum)
         return loss_sum, gap_sum, gp_sum, bad
 
     def _generator_update(
-        self, micro: list[RaggedBatch], weights: list[float]
+        self, micro: list[_Scored], weights: list[float]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         self.opt_g.zero_grad(set_to_none=True)
         self.critic.requires_grad_(False)  # no parameter gradients for the critic here
@@ -277,13 +314,15 @@ class GanStep:
             for mb, w in zip(micro, weights):
                 with self._autocast():
                     fake, fake_counts = self._fake(mb)
-                    mean, log_std = self.generator.multiplicity_params(mb.conditions)
-                    d_fake = self._critic_fwd(fake, mb.conditions, fake_counts).float()
-                g = generator_loss(d_fake)
+                    # the multiplicity head learns from every event, empty ones too
+                    mean, log_std = self.generator.multiplicity_params(mb.batch.conditions)
+                    fake_index = mb.event_index if fake_counts is mb.counts else None
+                    d_fake = mb.mask(self._critic_fwd(fake, mb.cond, fake_counts, fake_index))
+                g = generator_loss(d_fake.float(), n_events=mb.n_events)
                 if log_std is None:  # model.multiplicity = round: the original's MSE
-                    m = multiplicity_loss(mean.float(), mb.counts)
+                    m = multiplicity_loss(mean.float(), mb.batch.counts)
                 else:
-                    m = multiplicity_nll(mean.float(), log_std.float(), mb.counts)
+                    m = multiplicity_nll(mean.float(), log_std.float(), mb.batch.counts)
                 loss = g + self.optim_cfg.mult_weight * m
                 self._backward(loss * w)
                 g_sum = g_sum + g.detach() * w
@@ -296,11 +335,25 @@ class GanStep:
 
     # ------------------------------------------------------------------ helpers
 
-    def _fake(self, mb: RaggedBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fake muons (N', F) and their counts (B,) for the microbatch's conditions."""
+    def _scored(self, mb: RaggedBatch) -> _Scored:
+        """The events of ``mb`` the critic scores (see :class:`_Scored`)."""
+        b, n = mb.n_events, mb.n_muons
+        if self.train_cfg.fake_counts != "real":
+            return _Scored(mb, mb.conditions, mb.muons, mb.counts, mb.n_events, None)
+        cond, counts = mb.conditions, mb.counts
+        if n < b:
+            # at most n events have muons; nonzero_static: a size the host knows, no sync
+            rows = torch.nonzero_static(counts, size=n, fill_value=-1).squeeze(-1)  # (n,)
+            keep = rows >= 0  # the padding rows get no muons
+            rows = rows.clamp(min=0)
+            cond, counts = cond[rows], torch.where(keep, counts[rows], 0)
+        return _Scored(mb, cond, mb.muons, counts, b, counts > 0)
+
+    def _fake(self, mb: _Scored) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fake muons (N', F) and their counts (B',) for the scored events' conditions."""
         if self.train_cfg.fake_counts == "real":
-            return self._generate(mb.conditions, mb.counts, mb.n_muons), mb.counts
-        muons, counts, _ = self.generator(mb.conditions)  # sizes the output: one sync
+            return self._generate(mb.cond, mb.counts, mb.n_muons), mb.counts
+        muons, counts, _ = self.generator(mb.cond)  # sizes the output: one sync
         return muons, counts
 
     def _autocast(self, enabled: bool = True):

@@ -18,19 +18,23 @@ def _shuffle_within_events(muons, counts, seed):
     return muons[order], order
 
 
-@pytest.mark.parametrize("pooling", ["amax", "mean"])
-def test_score_invariant_to_muon_order_within_events(pooling, ragged):
+CRITICS = [dict(pooling="amax"), dict(pooling="mean"), dict(critic="epic", critic_global_width=24)]
+
+
+@pytest.mark.parametrize("critic_cfg", CRITICS, ids=["amax", "mean", "epic"])
+def test_score_invariant_to_muon_order_within_events(critic_cfg, ragged):
     torch.manual_seed(0)
-    _, critic = build_models(small_model_config(pooling=pooling))
+    _, critic = build_models(small_model_config(**critic_cfg))
     cond, muons, counts = ragged(b=40, max_count=8, seed=3)
     shuffled, order = _shuffle_within_events(muons, counts, seed=4)
     assert not torch.equal(order, torch.arange(len(order)))
     torch.testing.assert_close(critic(shuffled, cond, counts), critic(muons, cond, counts))
 
 
-def test_events_are_scored_independently(ragged):
+@pytest.mark.parametrize("critic_cfg", CRITICS, ids=["amax", "mean", "epic"])
+def test_events_are_scored_independently(critic_cfg, ragged):
     torch.manual_seed(0)
-    _, critic = build_models(small_model_config())
+    _, critic = build_models(small_model_config(**critic_cfg))
     cond, muons, counts = ragged(b=10, seed=5)
     scores = critic(muons, cond, counts)
     start = 0

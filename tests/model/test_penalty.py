@@ -37,10 +37,14 @@ def _pair_batch(seed: int, b: int = 24, n_features: int = 3):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("norm", ["muon", "event"])
-@pytest.mark.parametrize("pooling", ["amax", "mean"])
-def test_vectorised_equals_reference(seed, norm, pooling):
+@pytest.mark.parametrize(
+    "critic_cfg",
+    [dict(pooling="amax"), dict(pooling="mean"), dict(critic="epic", critic_global_width=24)],
+    ids=["amax", "mean", "epic"],
+)
+def test_vectorised_equals_reference(seed, norm, critic_cfg):
     torch.manual_seed(seed)
-    _, critic = build_models(small_model_config(pooling=pooling))
+    _, critic = build_models(small_model_config(**critic_cfg))
     cond, real, rc, fake, fc, alpha = _pair_batch(seed)
     # the batch must hold the edge cases: no real muons, no fake muons, both, neither
     assert ((rc == 0) & (fc > 0)).any() and ((fc == 0) & (rc > 0)).any()

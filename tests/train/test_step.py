@@ -267,3 +267,33 @@ def test_m_loss_follows_the_multiplicity_mode(mode):
     out = GanStep(gen, critic, OptimConfig(n_critic=1), TrainConfig(), "cpu")(batch)
     assert math.isclose(float(out["m_loss"]), float(expected), rel_tol=1e-5)
     assert (log_std is None) == (mode == "round")
+
+
+@pytest.mark.parametrize("critic", ["pointnet", "epic"])
+def test_scoring_only_events_with_muons_keeps_the_batch_means(critic):
+    """With the real counts the critic scores only events with muons (fewer muons than
+    events here, so padded rows too); c_loss, w_gap and the critic's gradient are still
+    those of mean D(fake) - mean D(real) over all B events, empty ones included."""
+    gen, crit = small_models(critic=critic, critic_global_width=16)
+    batch = toy_batch(40, torch.Generator().manual_seed(3))
+    keep = torch.rand(40, generator=torch.Generator().manual_seed(4)) < 0.15
+    counts = torch.where(keep, batch.counts, 0)
+    muons = batch.muons[torch.repeat_interleave(keep, batch.counts)]
+    batch = RaggedBatch(batch.conditions, muons, counts)
+    assert 0 < batch.n_muons < batch.n_events and (counts == 0).sum() > 20
+    step = GanStep(gen, crit, OptimConfig(n_critic=1, gp_lambda=0.0), TrainConfig(), "cpu")
+    fake = batch.muons + 0.3  # deterministic fakes: the same for the step and the check
+    step._generate = lambda cond, c, n: fake
+    plain = copy.deepcopy(crit)
+    d_real = plain(batch.muons, batch.conditions, batch.counts)
+    d_fake = plain(fake, batch.conditions, batch.counts)
+    loss = d_fake.mean() - d_real.mean()
+    loss.backward()
+    before = params(crit)
+    step.opt_c = torch.optim.SGD(crit.parameters(), lr=1.0)  # update = -gradient
+    step._fused = False
+    out = step([batch])
+    torch.testing.assert_close(out["c_loss"], loss.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out["w_gap"], -loss.detach(), rtol=1e-5, atol=1e-6)
+    for p0, p1, ref in zip(before, params(crit), plain.parameters()):
+        torch.testing.assert_close(p0 - p1, ref.grad, rtol=1e-4, atol=1e-6)

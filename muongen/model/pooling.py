@@ -1,0 +1,44 @@
+"""Pooling of per-muon rows into per-event rows over contiguous events (pure functions).
+
+Rows are muons (N, H) grouped by event, event after event, with ``counts`` (B,) rows per
+event and ``event_index`` (N,) the event of each row (``repeat_interleave`` of counts).
+An event without rows pools to 0 (the critic replaces those rows by a learned fill).
+
+Both reductions are written for the critic's training step, which differentiates them
+twice (the gradient penalty). ``segment_sum`` is an ``index_add`` (backward: a row gather).
+``segment_max`` finds the maxima without autograd (``segment_reduce`` over the contiguous
+events) and returns the sum of the rows that attain them, each weighted by 1 / (number of
+rows attaining it): the value is the maximum, and the gradient reaches the maximal row(s),
+split evenly between ties, as ``scatter_reduce(amax)``'s does. Its backward and double
+backward are row gathers and index_adds, where ``scatter_reduce``'s own amax backward
+compares, counts and divides through scattered N x H indices (half of the original
+training step's time on the CPU).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def segment_sum(h: torch.Tensor, event_index: torch.Tensor, n_events: int) -> torch.Tensor:
+    """(N, H) rows -> (B, H) per-event sums (rows may be in any order)."""
+    return h.new_zeros(n_events, h.shape[1]).index_add_(0, event_index, h)
+
+
+def segment_mean(h: torch.Tensor, counts: torch.Tensor, event_index: torch.Tensor) -> torch.Tensor:
+    """(N, H) rows -> (B, H) per-event means (0 for an event without rows)."""
+    total = segment_sum(h, event_index, counts.shape[0])
+    return total / counts.clamp(min=1).to(h.dtype).unsqueeze(-1)
+
+
+def segment_max(h: torch.Tensor, counts: torch.Tensor, event_index: torch.Tensor) -> torch.Tensor:
+    """(N, H) rows grouped by event -> (B, H) per-event, per-channel maxima (0 if empty)."""
+    b = counts.shape[0]
+    if h.shape[0] == 0:
+        return h.new_zeros(b, h.shape[1])
+    with torch.no_grad():
+        top = torch.segment_reduce(h, "max", lengths=counts, unsafe=True)  # (B, H)
+        hit = (h == top.index_select(0, event_index)).to(h.dtype)  # (N, H)
+        ties = segment_sum(hit, event_index, b).clamp(min=1.0)  # (B, H) rows at the max
+        weight = hit / ties.index_select(0, event_index)
+    return segment_sum(h * weight, event_index, b)

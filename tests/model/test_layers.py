@@ -1,0 +1,99 @@
+"""Split first layers and segment pooling: the same numbers as the plain formulas."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from muongen.model import build_models
+from muongen.model.critic import event_index_of
+from muongen.model.layers import split_linear
+from muongen.model.pooling import segment_max, segment_mean, segment_sum
+
+from .conftest import random_counts, small_model_config
+
+
+def test_split_linear_equals_the_unsplit_layer():
+    gen = torch.Generator().manual_seed(0)
+    counts = random_counts(50, gen, max_count=9)
+    n = int(counts.sum())
+    linear = torch.nn.Linear(64 + 16, 32).double()
+    per_event = torch.randn(50, 64, generator=gen, dtype=torch.float64)
+    per_muon = torch.randn(n, 16, generator=gen, dtype=torch.float64)
+    index = event_index_of(counts, n)
+    plain = linear(torch.cat([per_event[index], per_muon], -1))
+    torch.testing.assert_close(split_linear(linear, per_event, per_muon, counts), plain)
+    torch.testing.assert_close(split_linear(linear, per_event, per_muon, counts, index), plain)
+    # float32, as trained: the same to rounding
+    f32 = split_linear(linear.float(), per_event.float(), per_muon.float(), counts)
+    assert (f32.double() - plain).abs().max() < 1e-5
+
+
+def test_generator_local_net_is_the_split_of_the_unsplit_net():
+    """The generator's muons are local_net([context of the event, z_local]) exactly."""
+    torch.manual_seed(0)
+    gen, _ = build_models(small_model_config())
+    cond = torch.randn(20, 4)
+    counts = random_counts(20, torch.Generator().manual_seed(1), max_count=5, empty=0.0)
+    n = int(counts.sum())
+    out = gen.generate_with_counts(cond, counts, n, generator=torch.Generator().manual_seed(2))
+    # redo it unsplit with the same noise draws (z_global, then z_local)
+    rng = torch.Generator().manual_seed(2)
+    z = torch.randn((20, gen.z_global), generator=rng)
+    log_n = torch.log10(counts.float() + 1.0).unsqueeze(-1)
+    context = gen.global_net(torch.cat([z, gen.cond_norm(cond), log_n], -1))
+    z_local = torch.randn((n, gen.z_local), generator=rng)
+    rows = torch.cat([torch.repeat_interleave(context, counts, dim=0), z_local], -1)
+    plain = gen.muon_norm.inverse(gen.local_net(rows))
+    assert (out - plain).abs().max() < 1e-6
+
+
+def test_generator_skips_empty_events_without_changing_the_others():
+    """With fewer muons than events only events with muons reach the per-event nets; with
+    one muon per such event the noise draws line up, so the muons are those made from the
+    events with muons alone."""
+    torch.manual_seed(0)
+    gen, _ = build_models(small_model_config())
+    cond = torch.randn(30, 4)
+    counts = (torch.rand(30, generator=torch.Generator().manual_seed(3)) < 0.4).long()
+    n = int(counts.sum())
+    assert 0 < n < 30
+    sparse = gen.generate_with_counts(cond, counts, n, generator=torch.Generator().manual_seed(4))
+    has = counts > 0
+    dense = gen.generate_with_counts(
+        cond[has], counts[has], n, generator=torch.Generator().manual_seed(4)
+    )
+    torch.testing.assert_close(sparse, dense, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_segment_max_equals_scatter_amax_value_and_gradient(ties):
+    gen = torch.Generator().manual_seed(5)
+    counts = random_counts(40, gen, max_count=8)
+    n = int(counts.sum())
+    h = torch.randn(n, 6, generator=gen, dtype=torch.float64)
+    if ties:  # equal values inside events: the gradient is shared between them (away from
+        h = torch.round(h) + 10.0  # 0, which scatter_reduce also counts its initial zero at)
+    h.requires_grad_(True)
+    index = event_index_of(counts, n)
+    ours = segment_max(h, counts, index)
+    ref = h.new_zeros(40, 6).scatter_reduce(
+        0, index.unsqueeze(-1).expand_as(h), h, reduce="amax", include_self=False
+    )
+    torch.testing.assert_close(ours, ref)
+    w = torch.randn(40, 6, generator=gen, dtype=torch.float64)
+    (g_ours,) = torch.autograd.grad((ours * w).sum(), h)
+    (g_ref,) = torch.autograd.grad((ref * w).sum(), h)
+    torch.testing.assert_close(g_ours, g_ref)
+    if not ties:  # twice differentiable, as the gradient penalty needs (away from ties)
+        assert torch.autograd.gradgradcheck(lambda x: segment_max(x, counts, index) ** 2, (h,))
+
+
+def test_segment_sum_and_mean():
+    counts = torch.tensor([2, 0, 3])
+    h = torch.arange(10.0).reshape(5, 2)
+    index = event_index_of(counts, 5)
+    torch.testing.assert_close(segment_sum(h, index, 3), torch.tensor([[2.0, 4], [0, 0], [18, 21]]))
+    torch.testing.assert_close(
+        segment_mean(h, counts, index), torch.tensor([[1.0, 2], [0, 0], [6, 7]])
+    )
