@@ -10,7 +10,6 @@ from muongen.cli import main
 from muongen.data.reader import read_events
 from muongen.train.trainer import Trainer
 
-
 #: what ckpt.save adds to the trainer's state
 HEADER = {"format", "format_version", "muongen_version", "schema_version", "step", "range"}
 
