@@ -318,14 +318,13 @@ class Trainer:
         if self.dist.is_main:
             check_writable(self.run_dir, "the run folder", "choose a writable --out")
             self.checkpointer.check_writable()
-        found = self.checkpointer.find(how)
+        found, payload = self.checkpointer.find(how) or (None, None)
         self.checkpointer.adopt(found)
         if found is None:
             for part in self.parts.values():
                 if hasattr(part, "reset"):
                     part.reset()
         else:
-            payload = fmt.load(found)
             self._checkpoint_model = (payload.get("config") or {}).get("model", {})
             for part in self.parts.values():
                 if isinstance(part, Weights):
@@ -397,6 +396,7 @@ class Trainer:
         finally:
             if own_stop:
                 stop.restore()
+                self.stop = None
             self._close()
         if main:
             log.info("checkpoints: %s", self.ckpt_dir)
@@ -569,8 +569,13 @@ class Trainer:
 
     def _write_summary(self, seconds: float) -> None:
         unused = ddp.gather_objects(self.unused_tail_events, self.dist)  # collective
+        reports = ddp.gather_objects(self.report.to_dict(), self.dist)  # collective
         if not self.dist.is_main:
             return
+        if len(reports) > 1:  # bad_input.json covers every rank's files, each counted once
+            from muongen.data.report import BadInputReport
+
+            self.report = BadInputReport.merged(reports)
         c = self.counters
         summary = {
             "step": c.step,
