@@ -9,7 +9,7 @@ import torch
 from matplotlib.figure import Figure
 
 from muongen.errors import ConfigError
-from muongen.evaluate.validation import KEY_METRICS, Validator
+from muongen.evaluate.validation import KEY_METRICS, Validator, is_better
 
 
 def test_validator_scalars_and_figures(held_out, tiny_config, tiny_generator):
@@ -22,11 +22,14 @@ def test_validator_scalars_and_figures(held_out, tiny_config, tiny_generator):
     for m in KEY_METRICS:
         assert scalars[f"{m}_ratio"] == pytest.approx(scalars[m] / v.floor[m])
     assert scalars["max_ratio"] == max(scalars[f"{m}_ratio"] for m in KEY_METRICS)
+    # the evaluation's median and worst over every overall and binned metric
+    assert 0 < scalars["median_ratio"] <= scalars["worst_ratio"]
     assert scalars["multiplicity_ratio"] > 3  # the tiny model's constant 3 muons
     assert set(figures) == {"features", "multiplicity_vs_energy"}
     assert all(isinstance(f, Figure) for f in figures.values())
     again, _ = v.run(tiny_generator, step=20)
     assert again["muon_radius"] == scalars["muon_radius"]  # fixed noise seed
+    assert again["median_ratio"] == scalars["median_ratio"]
     assert not math.isnan(again["frechet_event"])
 
 
@@ -40,3 +43,34 @@ def test_validator_needs_events(tmp_path, tiny_config):
     )
     with pytest.raises(ConfigError, match="at least 4"):
         Validator([str(path)], tiny_config, "cpu")
+
+
+def test_best_checkpoint_rule():
+    assert is_better(1.4, None)  # the first finite value is the best so far
+    assert is_better(1.2, 1.4) and not is_better(1.4, 1.2)
+    assert not is_better(1.4, 1.4)  # a tie keeps the earlier checkpoint
+    assert not is_better(float("nan"), None) and not is_better(float("inf"), 3.0)
+    assert is_better(2.0, float("nan"))
+
+
+def test_best_checkpoint_part_saves_resumes_and_forgets(tmp_path):
+    from muongen import checkpoint as fmt
+    from muongen.evaluate.validation import BestCheckpoint
+
+    best = BestCheckpoint(tmp_path)
+    assert best.offer({"median_ratio": 3.0}) and not best.offer(None)
+    best.accept({"median_ratio": 3.0}, 10)
+    best.save({"weights": torch.zeros(2), "best": best.state_dict()})
+    assert fmt.read_manifest(tmp_path / "best.json")["step"] == 10
+    assert not best.offer({"median_ratio": 3.5}) and best.offer({"median_ratio": 2.0})
+    # a resume keeps the best that belongs to its past and knows its value
+    again = BestCheckpoint(tmp_path)
+    again.load_state_dict({"median_ratio": 3.0, "step": 10})
+    assert (tmp_path / "best.json").exists() and not again.offer({"median_ratio": 3.0})
+    # one written after the checkpoint resumed from is not the continued run's: removed
+    again.load_state_dict({"median_ratio": 4.0, "step": 5})
+    assert not (tmp_path / "best.json").exists() and not (tmp_path / "best.pt").exists()
+    # a fresh start forgets any best left in the folder
+    best.save({"best": best.state_dict()})
+    best.reset()
+    assert best.value is None and not list(tmp_path.glob("best.*"))
