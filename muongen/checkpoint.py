@@ -207,8 +207,9 @@ def publish_once(
                 )
             return Saved(pt, manifest, meta["step"], meta["size"], meta["sha256"])
     if pt.resolve() != source.pt.resolve():
+        for stale in directory.glob(f".{pt.name}.*.tmp"):  # a kill between link and rename
+            stale.unlink(missing_ok=True)
         tmp = directory / f".{pt.name}.{os.getpid()}.tmp"
-        tmp.unlink(missing_ok=True)
         try:
             os.link(source.pt, tmp)
         except OSError:  # another file system, or links not allowed
@@ -438,10 +439,20 @@ def load_module(
         ) from None
 
 
-def load_for_training(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
-    """(manifest, payload) of a checkpoint given as .pt, .json or a checkpoint folder."""
-    manifest = resolve(path)
-    return manifest, load(manifest)
+def load_for_training(path: str | os.PathLike) -> tuple[Path, dict[str, Any]] | None:
+    """(manifest, payload) of the checkpoint given as .pt or .json, or of the newest one in
+    a folder that passes its checks (corrupt newer ones are skipped with a warning; None
+    when there is none). Each file is read and hashed once."""
+    path = Path(path)
+    if not path.is_dir():
+        manifest = manifest_for(path)
+        return manifest, load(manifest)
+    for manifest in reversed(list_checkpoints(path)):
+        try:
+            return manifest, load(manifest)
+        except CheckpointError as exc:
+            log.warning("skipping checkpoint: %s", exc)
+    return None
 
 
 def load_for_inference(path: str | os.PathLike, device: str | torch.device = "cpu"):

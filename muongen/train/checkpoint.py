@@ -98,17 +98,18 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ which to resume
 
-    def find(self, how: str | None) -> Path | None:
-        """The manifest ``--resume`` names: ``auto`` the newest valid one here (None when
-        there is none), a path that checkpoint (.pt, .json, or a folder: its newest)."""
+    def find(self, how: str | None) -> tuple[Path, dict[str, Any]] | None:
+        """(manifest, payload) of what ``--resume`` names: ``auto`` the newest valid
+        checkpoint here (None when there is none), a path that checkpoint (.pt, .json, or a
+        folder: its newest valid one); None for no resume."""
         if not how:
             return None
-        if how == "auto":
-            found = fmt.find_latest(self.dir)
-            if found is None:
-                log.info("no valid checkpoint in %s: starting fresh", self.dir)
-            return found
-        return fmt.resolve(how)
+        found = fmt.load_for_training(self.dir if how == "auto" else how)
+        if found is None and how == "auto":
+            log.info("no valid checkpoint in %s: starting fresh", self.dir)
+        elif found is None:
+            raise CheckpointError(f"no valid checkpoint (step-*.json with its .pt) in {how}")
+        return found
 
     def adopt(self, resumed: Path | None) -> None:
         """Make this folder hold one run from here on: the one resumed from ``resumed`` (a
@@ -143,7 +144,7 @@ class Checkpointer:
 
     def check_writable(self) -> None:
         check_writable(
-            self.dir, "checkpoints into", "set checkpoint.dir (or --out) to a writable folder"
+            self.dir, "the checkpoint folder", "set checkpoint.dir (or --out) to a writable folder"
         )
 
     def due(self, step: int) -> tuple[bool, bool]:

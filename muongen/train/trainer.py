@@ -308,14 +308,13 @@ class Trainer:
         if self.dist.is_main:
             check_writable(self.run_dir, "the run folder", "choose a writable --out")
             self.checkpointer.check_writable()
-        found = self.checkpointer.find(how)
+        found, payload = self.checkpointer.find(how) or (None, None)
         self.checkpointer.adopt(found)
         if found is None:
             for part in self.parts.values():
                 if hasattr(part, "reset"):
                     part.reset()
         else:
-            payload = fmt.load(found)
             self._checkpoint_model = (payload.get("config") or {}).get("model", {})
             for part in self.parts.values():
                 if isinstance(part, Weights):
@@ -385,6 +384,7 @@ class Trainer:
         finally:
             if own_stop:
                 stop.restore()
+                self.stop = None
             self._close()
         if main:
             log.info("checkpoints: %s", self.ckpt_dir)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import subprocess
 
 import numpy as np
 import pytest
@@ -15,7 +14,7 @@ from muongen import checkpoint as ckpt
 from muongen.errors import CheckpointError, StorageError
 from muongen.train.trainer import Trainer
 
-from .conftest import PYTHON, tiny_overrides
+from .conftest import tiny_overrides
 
 
 def audit_keys(run_dir):
@@ -67,24 +66,28 @@ def test_a_second_run_in_a_run_folder_is_refused(tiny_config, tmp_path, caplog):
     before = {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
     with pytest.raises(CheckpointError, match=r"already holds checkpoints.*--resume auto"):
         Trainer(tiny_config(train__max_steps=10), run).train()
+    Trainer(tiny_config(train__max_steps=5), tmp_path / "other").train()
     with pytest.raises(CheckpointError, match="would mix two runs"):
-        Trainer(tiny_config(train__max_steps=10), run).resume(str(tmp_path / "elsewhere.json"))
+        Trainer(tiny_config(train__max_steps=10), run).resume(
+            str(tmp_path / "other" / "checkpoints")
+        )
     assert {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()} == before
 
 
-def test_cli_train_twice_into_one_folder(tiny_data, tmp_path, cli_env):
+def test_cli_train_twice_into_one_folder(tiny_data, tmp_path, capsys):
     """The README's demo command run twice: the second refuses in one line, exit 2;
     with --resume auto it continues (here: already at max_steps, so it just ends)."""
+    from muongen import cli
+
     out = tmp_path / "demo"
-    sets = tiny_overrides(tiny_data, **{"train.max_steps": 10})
-    cmd = [PYTHON, "-m", "muongen", "train", "--config", "demo", "--out", str(out)]
-    cmd += [a for s in sets for a in ("--set", s)]
-    assert subprocess.run(cmd, env=cli_env, capture_output=True).returncode == 0
-    second = subprocess.run(cmd, env=cli_env, capture_output=True, text=True)
-    assert second.returncode == 2
-    assert "already holds checkpoints" in second.stderr and "Traceback" not in second.stderr
-    resumed = subprocess.run([*cmd, "--resume", "auto"], env=cli_env, capture_output=True)
-    assert resumed.returncode == 0
+    argv = ["train", "--config", "demo", "--out", str(out)]
+    argv += [a for s in tiny_overrides(tiny_data, **{"train.max_steps": 10}) for a in ("--set", s)]
+    assert cli.main(argv) == 0
+    capsys.readouterr()
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "already holds checkpoints" in err and "Traceback" not in err
+    assert cli.main([*argv, "--resume", "auto"]) == 0
     assert [ckpt.step_of(m) for m in ckpt.list_checkpoints(out / "checkpoints")] == [10]
 
 
