@@ -5,7 +5,8 @@ muons [E GeV, x m, y m]) and ragged-aware: muons are flat, ``counts`` says how m
 to each event, nothing is padded.
 
 Per-muon observables (one value per muon): ``log10_energy`` (log10 E/GeV), ``radius`` (m),
-``x`` (m), ``y`` (m).
+``x`` (m), ``y`` (m), and, for the metrics within bundles, ``log10_radius`` (log10 r/m, r
+at least 1 mm) and ``bundle_size`` (the muon count N of its event).
 
 Per-event observables (one value per event, NaN where undefined): ``multiplicity``
 (log10(N + 1), defined for every event), ``log10_total_energy`` (log10 of the summed muon
@@ -20,6 +21,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 MUON_OBSERVABLES = ("log10_energy", "radius", "x", "y")
+BUNDLE_SIZE = "bundle_size"
+LOG10_RADIUS = "log10_radius"
 EVENT_OBSERVABLES = ("multiplicity", "log10_total_energy", "log10_leading_energy", "mean_radius")
 
 #: Condition variables events can be binned in: name -> function of conditions (B, 4).
@@ -55,11 +58,13 @@ def muon_observables(muons: np.ndarray) -> dict[str, np.ndarray]:
     """Physical muons (N, 3) = [E, x, y] -> {name: (N,) float64}."""
     muons = np.asarray(muons, dtype=np.float64).reshape(-1, 3)
     x, y = muons[:, 1], muons[:, 2]
+    r = np.hypot(x, y)
     return {
         "log10_energy": np.log10(np.maximum(muons[:, 0], _TINY)),
-        "radius": np.hypot(x, y),
+        "radius": r,
         "x": x,
         "y": y,
+        LOG10_RADIUS: np.log10(np.maximum(r, 1e-3)),
     }
 
 
@@ -133,7 +138,7 @@ class EventSample:
         return cls(
             conditions=np.asarray(conditions, dtype=np.float64).reshape(-1, 4),
             counts=counts,
-            muon=muon_observables(muons),
+            muon={**muon_observables(muons), BUNDLE_SIZE: np.repeat(counts, counts)},
             event=event_observables(muons, counts),
         )
 

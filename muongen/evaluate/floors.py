@@ -1,4 +1,4 @@
-"""Statistical floors, bootstrapped uncertainties and ratios: how far is "close enough"?
+"""Statistical floors, their errors and ratios: how far is "close enough"?
 
 A distance between two finite samples is never zero, even for the same distribution. The
 floor of a metric is its value between two disjoint random halves A and B of the held-out
@@ -7,9 +7,13 @@ compared with half A exactly as B is, so model and floor see the same sample siz
 same primaries: a ratio to floor near 1 means the generator is as close to the simulation
 as a second simulation of the same size would be.
 
-Uncertainties are bootstrapped: events of A and of B are resampled with replacement (the
-same B indices for the floor and every candidate, so ratios are paired) and the metric is
-recomputed; the error is the standard deviation over the replicas.
+One split's floor scatters by 40-100 % around its mean, whatever the sample size (a
+distance between two samples of one distribution shrinks like 1/sqrt(n), and so does its
+spread). Every value is therefore the mean over ``n_splits`` random splits (whole showers
+to each side), and its error is the standard error of that mean, std / sqrt(n_splits). The
+model and the baseline are compared split by split (paired), so their difference is known
+better than either. A verdict needs the floor to within ``FLOOR_REL_ERR_MAX``; a model worse
+than the baseline never passes.
 """
 
 from __future__ import annotations
@@ -19,12 +23,26 @@ from typing import Any
 import numpy as np
 
 from muongen.evaluate.baseline import baseline_for
-from muongen.evaluate.features import EventSample, muon_rows
-from muongen.evaluate.metrics import METRICS, bin_index, compute_metrics, standardiser
+from muongen.evaluate.features import EventSample
+from muongen.evaluate.metrics import (
+    METRICS,
+    MuonGrid,
+    bin_index,
+    compute_metrics,
+    default_edges,
+    standardiser,
+)
 
 #: Condition variables the metrics are binned in by default.
 BIN_VARIABLES = ("log10_energy", "cos_zenith", "depth")
 FLOOR = "floor"
+#: No pass/fail verdict where the floor's relative error is larger than this.
+FLOOR_REL_ERR_MAX = 0.25
+
+
+def default_bins(real: EventSample, n_bins: int = 4) -> dict[str, np.ndarray]:
+    """``n_bins`` equally populated bins of each of BIN_VARIABLES, edges from ``real``."""
+    return {var: default_edges(real.condition(var), n_bins) for var in BIN_VARIABLES}
 
 
 def split_halves(
@@ -48,20 +66,6 @@ def split_halves(
     return np.flatnonzero(in_a), np.flatnonzero(in_b)
 
 
-def resample_index(
-    n_events: int, groups: np.ndarray | None, rng: np.random.Generator
-) -> np.ndarray:
-    """A bootstrap draw of event indices: events with replacement, or, with ``groups``,
-    whole groups with replacement (as many groups as there are)."""
-    if groups is None:
-        return rng.integers(0, n_events, n_events)
-    _, inv = np.unique(groups, return_inverse=True)
-    sizes = np.bincount(inv)
-    order = np.argsort(inv, kind="stable")  # events grouped, groups in order
-    chosen = rng.integers(0, len(sizes), len(sizes))
-    return order[muon_rows(sizes, chosen)]
-
-
 def ratio(value: float, floor: float) -> float:
     """value / floor; NaN when the floor is not positive or either is NaN."""
     if not np.isfinite(floor) or floor <= 0 or not np.isfinite(value):
@@ -69,98 +73,343 @@ def ratio(value: float, floor: float) -> float:
     return float(value / floor)
 
 
-def _std(x: np.ndarray) -> float:
+def mean_and_error(x: np.ndarray) -> tuple[float, float]:
+    """Mean of the finite values of ``x`` (n_splits,) and its standard error (NaN for < 2)."""
+    x = np.asarray(x, dtype=np.float64)
     x = x[np.isfinite(x)]
-    return float(x.std(ddof=1)) if x.size >= 2 else float("nan")
+    if x.size == 0:
+        return float("nan"), float("nan")
+    err = float(x.std(ddof=1) / np.sqrt(x.size)) if x.size >= 2 else float("nan")
+    return float(x.mean()), err
 
 
-def bootstrap_metrics(
-    ref: EventSample,
-    others: dict[str, EventSample],
-    *,
-    n_boot: int,
-    rng: np.random.Generator,
-    scale: tuple[np.ndarray, np.ndarray] | None = None,
-    names: tuple[str, ...] = METRICS,
-) -> dict[str, dict[str, np.ndarray]]:
-    """Replicas of every metric between ``ref`` and each of ``others``.
+def entry(per_split: dict[str, np.ndarray]) -> dict[str, float]:
+    """One metric's summary from its values per split, {FLOOR or candidate: (K,)}.
 
-    ``others`` must be aligned event by event (the same primaries): each replica resamples
-    their events with one shared index, and ``ref`` with its own.
-
-    Returns:
-        {other name: {metric: (n_boot,) replicas}}
+    Returns floor, floor_err, floor_rel_err (NaN unless the floor exists in every split)
+    and, per candidate c: c, c_err, c_ratio
+    (mean c / mean floor), c_ratio_err; with a model and a baseline also
+    model_minus_baseline and its (paired) error. A candidate with no value in a split whose
+    floor exists (no output there) is NaN.
     """
-    sizes = {o.n_events for o in others.values()}
-    if len(sizes) > 1:
-        raise ValueError(f"bootstrap needs aligned samples, got sizes {sorted(sizes)}")
-    n_other = sizes.pop() if sizes else 0
-    # the first sample with groups sets the groups of all (they share their events' showers)
-    groups_other = next((o.groups for o in others.values() if o.groups is not None), None)
-    reps = {k: {m: np.full(n_boot, np.nan) for m in names} for k in others}
-    if ref.n_events == 0 or n_other == 0:
-        return reps
-    for i in range(n_boot):
-        ref_i = ref.take(resample_index(ref.n_events, ref.groups, rng))
-        idx = resample_index(n_other, groups_other, rng)
-        for key, other in others.items():
-            for m, v in compute_metrics(ref_i, other.take(idx), scale=scale, names=names).items():
-                reps[key][m][i] = v
-    return reps
-
-
-def _entries(
-    values: dict[str, dict[str, float]],
-    reps: dict[str, dict[str, np.ndarray]],
-    names: tuple[str, ...],
-) -> dict[str, dict[str, float]]:
-    """Per metric: floor, floor_err, and for each candidate c: c, c_err, c_ratio, c_ratio_err."""
-    out: dict[str, dict[str, float]] = {}
-    for m in names:
-        floor = values[FLOOR][m]
-        entry = {"floor": floor, "floor_err": _std(reps[FLOOR][m])}
-        for key in values:
-            if key == FLOOR:
-                continue
-            entry[key] = values[key][m]
-            entry[f"{key}_err"] = _std(reps[key][m])
-            entry[f"{key}_ratio"] = ratio(values[key][m], floor)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                rr = reps[key][m] / np.where(reps[FLOOR][m] > 0, reps[FLOOR][m], np.nan)
-            entry[f"{key}_ratio_err"] = _std(rr)
-        out[m] = entry
+    f = np.asarray(per_split[FLOOR], dtype=np.float64)
+    floor, floor_err = mean_and_error(f)
+    has_floor = np.isfinite(f)
+    # a floor missing in some splits rests on a handful of muons: its error is not known
+    known = floor > 0 and has_floor.all()
+    out = {
+        "floor": floor,
+        "floor_err": floor_err,
+        "floor_rel_err": floor_err / floor if known else float("nan"),
+    }
+    for key, v in per_split.items():
+        if key == FLOOR:
+            continue
+        v = np.asarray(v, dtype=np.float64)
+        if has_floor.any() and not np.isfinite(v[has_floor]).all():
+            v = np.full_like(v, np.nan)  # no output where the data has some
+        value, err = mean_and_error(v)
+        r = ratio(value, floor)
+        out[key], out[f"{key}_err"], out[f"{key}_ratio"] = value, err, r
+        # delta method over the paired splits: var(r) = r^2 var(v/mean v - f/mean f) / K
+        both = np.isfinite(v) & has_floor
+        r_err = float("nan")
+        if np.isfinite(r) and both.sum() >= 2 and value > 0:
+            z = v[both] / value - f[both] / floor
+            r_err = float(r * z.std(ddof=1) / np.sqrt(both.sum()))
+        out[f"{key}_ratio_err"] = r_err
+    if "model" in per_split and "baseline" in per_split:
+        diff = np.asarray(per_split["model"]) - np.asarray(per_split["baseline"])
+        d, d_err = mean_and_error(diff)
+        if not np.isfinite(out["model"]):
+            d = float("nan")
+        out["model_minus_baseline"], out["model_minus_baseline_err"] = d, d_err
     return out
 
 
-def _compare_once(ref, others, *, n_boot, rng, scale, names):
-    values = {k: compute_metrics(ref, o, scale=scale, names=names) for k, o in others.items()}
-    reps = bootstrap_metrics(ref, others, n_boot=n_boot, rng=rng, scale=scale, names=names)
-    return values, reps
+def against_baseline(e: dict[str, float]) -> str:
+    """How the model fares against the baseline, from their paired difference: "beats"
+    (better by more than two standard errors), "ties" (better or equal, within them),
+    "worse than (within errors)", "loses to" (worse by more than two standard errors)."""
+    d = e.get("model_minus_baseline", float("nan"))
+    if not np.isfinite(d):
+        return ""
+    err = e.get("model_minus_baseline_err", float("nan"))
+    err = err if np.isfinite(err) else 0.0
+    if d < -2 * err:
+        return "beats baseline"
+    if d <= 0:
+        return "ties baseline"
+    if d <= 2 * err:
+        return "worse than baseline (within errors)"
+    return "loses to baseline"
 
 
-def verdict(entry: dict[str, float], ratio_target: float) -> str:
-    """ "pass"/"FAIL" (model within ``ratio_target`` x floor) and how it fares against the
-    baseline ("beats", "ties" within two combined standard errors, "loses to")."""
-    r = entry.get("model_ratio", float("nan"))
-    if not np.isfinite(r):
-        floor_ok = np.isfinite(entry.get("floor", np.nan)) and entry.get("floor", 0) > 0
-        if floor_ok and not np.isfinite(entry.get("model", np.nan)):
-            return "FAIL; no model output"
+def floor_certain(e: dict[str, float], rel_err_max: float = FLOOR_REL_ERR_MAX) -> bool:
+    """Whether an entry's floor is known to ``rel_err_max`` (relative standard error)."""
+    rel = e.get("floor_rel_err", float("nan"))
+    return bool(np.isfinite(rel) and rel <= rel_err_max)
+
+
+def verdict(
+    e: dict[str, float], ratio_target: float, rel_err_max: float = FLOOR_REL_ERR_MAX
+) -> str:
+    """The verdict on one metric entry of the model.
+
+    "n/a" without a floor (no data); "floor uncertain" where the floor's relative error is
+    above ``rel_err_max`` (or unknown: a single split); "FAIL; no model output" where the
+    data has muons and the model none; otherwise "FAIL" when the ratio is above
+    ``ratio_target`` or the model is worse than the baseline by more than two standard
+    errors, "no pass" when it is worse than the baseline within errors (a model worse than
+    the baseline never passes), else "pass". The baseline comparison follows after "; ".
+    """
+    floor = e.get("floor", float("nan"))
+    if not (np.isfinite(floor) and floor > 0):
         return "n/a"
-    text = "pass" if r <= ratio_target else "FAIL"
-    if "baseline" in entry and np.isfinite(entry["baseline"]):
-        m, b = entry["model"], entry["baseline"]
-        err = np.hypot(
-            np.nan_to_num(entry.get("model_err", 0.0)),
-            np.nan_to_num(entry.get("baseline_err", 0.0)),
-        )
-        if m < b - 2 * err:
-            text += "; beats baseline"
-        elif m > b + 2 * err:
-            text += "; loses to baseline"
-        else:
-            text += "; ties baseline"
-    return text
+    certain = floor_certain(e, rel_err_max)
+    if not np.isfinite(e.get("model", float("nan"))):
+        return "FAIL; no model output" if certain else "floor uncertain; no model output"
+    base = against_baseline(e)
+    if not certain:
+        head = "floor uncertain"
+    elif e["model_ratio"] > ratio_target or base == "loses to baseline":
+        head = "FAIL"
+    elif base.startswith("worse"):
+        head = "no pass"
+    else:
+        head = "pass"
+    return f"{head}; {base}" if base else head
+
+
+class Yardstick:
+    """Held-out events split ``n_splits`` times into halves, with the floor of every metric,
+    overall and in condition bins, computed once; candidates are then measured against it.
+
+    Args:
+        real: held-out events (with shower groups, whole showers go to one side).
+        bins: condition variable -> bin edges (see features.CONDITION_VARIABLES).
+        n_splits: random half splits everything is averaged over.
+        min_events: a bin whose halves would hold fewer events than this is sparse (no
+            metrics).
+        seed: seeds the splits and the baseline.
+        baseline: measure the condition-ignoring baseline too (drawn, in each split, from
+            the pooled events of half B for half B's primaries; never from the reference A).
+        pool: samples whose muons join the held-out ones in the fine W1 grid (the
+            candidates, so that their outliers are binned too); None: exact W1 (slower).
+        names: the metrics.
+    """
+
+    def __init__(
+        self,
+        real: EventSample,
+        *,
+        bins: dict[str, np.ndarray] | None = None,
+        n_splits: int = 16,
+        min_events: int = 50,
+        seed: int = 0,
+        baseline: bool = True,
+        pool: list[EventSample] | None = None,
+        names: tuple[str, ...] = METRICS,
+    ) -> None:
+        if n_splits < 1:
+            raise ValueError("n_splits must be >= 1")
+        self.names = names
+        self.n_splits = n_splits
+        self.min_events = min_events
+        self.grid = None if pool is None else MuonGrid.from_samples([real, *pool])
+        self.real = real if self.grid is None else self.grid.digitise(real)
+        self.scale = standardiser(real)
+        self.bins = {var: np.asarray(e, dtype=np.float64) for var, e in (bins or {}).items()}
+        self.real_bin = {var: bin_index(real.condition(var), e) for var, e in self.bins.items()}
+        self.n_in_bin = {
+            var: np.bincount(b[b >= 0], minlength=len(self.bins[var]) - 1)
+            for var, b in self.real_bin.items()
+        }
+        self.sparse = {var: n < 2 * max(min_events, 2) for var, n in self.n_in_bin.items()}
+        rng = np.random.default_rng(seed)
+        self.splits = [split_halves(real.n_events, rng, real.groups) for _ in range(n_splits)]
+        self.refs = [self.real.take(ia) for ia, _ in self.splits]
+        self.floor = self.measure(self.real)
+        self.baseline = None
+        if baseline:
+            drawn = []
+            for _, ib in self.splits:
+                half = real.take(ib)
+                drawn.append(self._digitised(baseline_for(half, half.conditions, rng)))
+            self.baseline = self._measure_halves(drawn)
+
+    def _digitised(self, sample: EventSample) -> EventSample:
+        return sample if self.grid is None else self.grid.digitise(sample)
+
+    def measure(self, candidate: EventSample) -> dict[str, Any]:
+        """Per-split values of every metric for ``candidate``, events aligned with the
+        held-out ones (generated for their primaries, in their order)."""
+        if candidate.n_events != self.real.n_events or not np.array_equal(
+            candidate.conditions, self.real.conditions
+        ):
+            raise ValueError("the candidate is not aligned with the real events (same primaries)")
+        candidate = self._digitised(candidate) if candidate is not self.real else candidate
+        return self._measure_halves([candidate.take(ib) for _, ib in self.splits])
+
+    def _measure_halves(self, halves: list[EventSample]) -> dict[str, Any]:
+        """{"overall": {metric: (K,)}, "bins": {var: [None or {metric: (K,)}] per bin}}."""
+        k_splits = len(self.splits)
+        overall = {m: np.full(k_splits, np.nan) for m in self.names}
+        per_bin = {
+            var: [
+                None if self.sparse[var][k] else {m: np.full(k_splits, np.nan) for m in self.names}
+                for k in range(len(e) - 1)
+            ]
+            for var, e in self.bins.items()
+        }
+        kw = {"scale": self.scale, "names": self.names, "grid": self.grid}
+        for s, ((ia, ib), ref, half) in enumerate(zip(self.splits, self.refs, halves)):
+            for m, v in compute_metrics(ref, half, **kw).items():
+                overall[m][s] = v
+            for var, rows in per_bin.items():
+                bin_ref, bin_half = self.real_bin[var][ia], self.real_bin[var][ib]
+                for k, row in enumerate(rows):
+                    if row is not None:
+                        values = compute_metrics(
+                            ref.take(bin_ref == k), half.take(bin_half == k), **kw
+                        )
+                        for m, v in values.items():
+                            row[m][s] = v
+        return {"overall": overall, "bins": per_bin}
+
+    def result(
+        self, candidates: dict[str, dict[str, Any]], ratio_target: float = 3.0
+    ) -> dict[str, Any]:
+        """The comparison of measured candidates ({name: measure(...)}) in the layout
+        :func:`compare` documents, with verdicts and the ratio summary."""
+        values = {FLOOR: self.floor, **candidates}
+        if self.baseline is not None:
+            values["baseline"] = self.baseline
+        keys = list(values)
+
+        def section(get) -> dict[str, dict[str, float]]:
+            return {m: entry({k: get(values[k])[m] for k in keys}) for m in self.names}
+
+        result: dict[str, Any] = {
+            "split": {
+                "n_events": self.real.n_events,
+                "n_groups": None if self.real.groups is None else len(np.unique(self.real.groups)),
+                "n_splits": self.n_splits,
+                "min_events": self.min_events,
+                "floor_rel_err_max": FLOOR_REL_ERR_MAX,
+                "w1": "exact" if self.grid is None else "fine grid",
+            },
+            "ratio_target": ratio_target,
+            "overall": section(lambda v: v["overall"]),
+            "binned": {},
+            "conditional": {},
+        }
+        for var, edges in self.bins.items():
+            rows = []
+            for k in range(len(edges) - 1):
+                row = {
+                    "lo": float(edges[k]),
+                    "hi": float(edges[k + 1]),
+                    "n_events": int(self.n_in_bin[var][k]),
+                    "sparse": bool(self.sparse[var][k]),
+                    "metrics": None,
+                }
+                if not row["sparse"]:
+                    row["metrics"] = section(lambda v, var=var, k=k: v["bins"][var][k])
+                rows.append(row)
+            result["binned"][var] = {"edges": edges.tolist(), "bins": rows}
+            result["conditional"][var] = section(lambda v, var=var: self._weighted(v, var))
+        for e in _entries(result):
+            if "model" in e:
+                e["verdict"] = verdict(e, ratio_target)
+        result["summary"] = ratio_summary(result)
+        return result
+
+    def _weighted(self, values: dict[str, Any], var: str) -> dict[str, np.ndarray]:
+        """Event-weighted mean over the populated bins of ``var``, split by split: how well
+        the conditional distributions match on average. A bin enters a split's mean where
+        the floor is defined there (the same bins for every candidate); a candidate without
+        a value in one of them gets NaN."""
+        out = {}
+        rows = values["bins"][var]
+        floor_rows = self.floor["bins"][var]
+        for m in self.names:
+            acc = np.full(self.n_splits, np.nan)
+            for s in range(self.n_splits):
+                use = [
+                    k
+                    for k, row in enumerate(floor_rows)
+                    if row is not None and np.isfinite(row[m][s])
+                ]
+                if use:
+                    w = self.n_in_bin[var][use].astype(np.float64)
+                    v = np.array([rows[k][m][s] for k in use])
+                    acc[s] = float(w @ v / w.sum()) if np.isfinite(v).all() else np.nan
+            out[m] = acc
+        return out
+
+
+def _entries(result: dict[str, Any]):
+    """Every metric entry of a result: overall, per bin, conditional."""
+    yield from result["overall"].values()
+    for info in result["binned"].values():
+        for row in info["bins"]:
+            yield from (row["metrics"] or {}).values()
+    for section in result["conditional"].values():
+        yield from section.values()
+
+
+def scored_entries(result: dict[str, Any]) -> list[tuple[str, dict[str, float]]]:
+    """(where, entry) of every overall and per-bin metric entry with a floor: what the median
+    and worst ratio run over (the conditional means are summaries of the bins, not extra
+    measurements)."""
+    out = [(m, e) for m, e in result["overall"].items()]
+    for var, info in result["binned"].items():
+        for row in info["bins"]:
+            for m, e in (row["metrics"] or {}).items():
+                out.append((f"{m} @ {var} [{row['lo']:g}, {row['hi']:g})", e))
+    return [(w, e) for w, e in out if np.isfinite(e.get("floor", np.nan)) and e["floor"] > 0]
+
+
+def ratio_summary(result: dict[str, Any], key: str = "model") -> dict[str, Any]:
+    """Median and worst ratio of candidate ``key`` over all overall and binned metrics.
+
+    A metric where the data has muons and the candidate none counts as an infinite ratio
+    when its floor is known, and is left out otherwise (no ratio can be given). The same
+    figures over the metrics whose floor is known to FLOOR_REL_ERR_MAX ("certain"), and how
+    many metrics got each verdict, follow.
+    """
+    rel_max = result["split"].get("floor_rel_err_max", FLOOR_REL_ERR_MAX)
+    scored = []
+    for where, e in scored_entries(result):
+        r, certain = e.get(f"{key}_ratio", np.nan), floor_certain(e, rel_max)
+        if np.isfinite(r) or certain:
+            scored.append((float(r) if np.isfinite(r) else np.inf, where, certain))
+
+    def stats(items) -> tuple[float, float, str | None]:
+        if not items:
+            return float("nan"), float("nan"), None
+        worst = max(items, key=lambda t: t[0])
+        return float(np.median([r for r, _, _ in items])), worst[0], worst[1]
+
+    median, worst, where = stats(scored)
+    median_c, worst_c, where_c = stats([t for t in scored if t[2]])
+    out: dict[str, Any] = {
+        "n_metrics": len(scored),
+        "median_ratio": median,
+        "worst_ratio": worst,
+        "worst": where,
+        "worst_no_output": bool(np.isinf(worst)),  # JSON writes the infinite ratio as null
+        "n_floor_certain": sum(1 for t in scored if t[2]),
+        "median_ratio_certain": median_c,
+        "worst_ratio_certain": worst_c,
+        "worst_certain": where_c,
+    }
+    if key == "model":
+        heads = [e.get("verdict", "").split(";")[0] for _, e in scored_entries(result)]
+        for head in ("pass", "no pass", "FAIL", "floor uncertain"):
+            out[f"n_{head.replace(' ', '_')}"] = heads.count(head)
+    return out
 
 
 def compare(
@@ -169,12 +418,12 @@ def compare(
     *,
     baseline: bool = True,
     bins: dict[str, np.ndarray] | None = None,
-    n_boot: int = 20,
-    n_splits: int = 1,
+    n_splits: int = 16,
     min_events: int = 50,
     seed: int = 0,
     ratio_target: float = 3.0,
     names: tuple[str, ...] = METRICS,
+    fast: bool = True,
 ) -> dict[str, Any]:
     """Metrics of each candidate against held-out ``real`` events, with floors and ratios.
 
@@ -182,23 +431,20 @@ def compare(
         real: held-out events.
         candidates: name -> events generated for ``real``'s primaries, in the same order
             (e.g. {"model": generated}).
-        baseline: add the condition-ignoring baseline as candidate "baseline", drawn from
-            the pooled events of half B for half B's primaries (never from the reference A).
+        baseline: add the condition-ignoring baseline as candidate "baseline".
         bins: condition variable -> bin edges (see features.CONDITION_VARIABLES); None: none.
-        n_boot: bootstrap replicas per split (0: no uncertainties).
-        n_splits: random A/B splits the values (and replicas) are averaged over. A distance
-            between two samples of one distribution fluctuates by tens of percent, so one
-            split gives a noisy floor; averaging splits makes the ratios steadier.
-        min_events: a bin whose halves would hold fewer events than this is reported as
-            sparse, without metrics.
-        seed: seeds the splits, the baseline and the bootstrap.
+        n_splits: random A/B splits every value is the mean of (errors need >= 2).
+        min_events: a bin whose halves would hold fewer events than this is sparse.
+        seed: seeds the splits and the baseline.
         ratio_target: the ratio to floor a model must stay within to pass.
+        fast: per-muon W1 on a fine grid (MuonGrid) instead of exact sorts.
 
     Returns:
-        {"split": {...}, "overall": {metric: entry}, "binned": {variable: {"edges", "bins"}},
-        "conditional": {variable: {metric: entry}}}; an entry holds floor, floor_err and,
-        per candidate c, c, c_err, c_ratio, c_ratio_err, plus a verdict when c is "model".
-        A bin row holds lo, hi, n_events, sparse and metrics ({metric: entry} or None).
+        {"split": {...}, "ratio_target", "overall": {metric: entry}, "binned": {variable:
+        {"edges", "bins"}}, "conditional": {variable: {metric: entry}}, "summary": {...}};
+        an entry is :func:`entry`'s, plus a verdict (:func:`verdict`) where there is a
+        model. A bin row holds lo, hi, n_events, sparse and metrics ({metric: entry} or
+        None). "summary" is :func:`ratio_summary`'s.
     """
     for key, c in candidates.items():
         if c.n_events != real.n_events or not np.array_equal(c.conditions, real.conditions):
@@ -209,105 +455,15 @@ def compare(
         raise ValueError(
             f"a candidate cannot be named {FLOOR!r} (or 'baseline' with baseline=True)"
         )
-    if n_splits < 1 or n_boot < 0:
-        raise ValueError("n_splits must be >= 1 and n_boot >= 0")
-    rng = np.random.default_rng(seed)
-    scale = standardiser(real)
-    kw = {"n_boot": n_boot, "rng": rng, "scale": scale, "names": names}
-    bins = {var: np.asarray(e, dtype=np.float64) for var, e in (bins or {}).items()}
-    real_bin = {var: bin_index(real.condition(var), e) for var, e in bins.items()}
-    n_in_bin = {
-        var: np.bincount(b[b >= 0], minlength=len(bins[var]) - 1) for var, b in real_bin.items()
-    }
-    sparse = {var: n < 2 * max(min_events, 2) for var, n in n_in_bin.items()}
-
-    overall_runs = []
-    bin_runs = {var: [[] for _ in range(len(e) - 1)] for var, e in bins.items()}
-    for _ in range(n_splits):
-        ia, ib = split_halves(real.n_events, rng, real.groups)
-        ref = real.take(ia)
-        others = {FLOOR: real.take(ib), **{k: c.take(ib) for k, c in candidates.items()}}
-        if baseline:
-            others["baseline"] = baseline_for(others[FLOOR], others[FLOOR].conditions, rng)
-        overall_runs.append(_compare_once(ref, others, **kw))
-        for var in bins:
-            bin_ref, bin_other = real_bin[var][ia], real_bin[var][ib]
-            for k, runs in enumerate(bin_runs[var]):
-                if not sparse[var][k]:
-                    sub = {key: o.take(bin_other == k) for key, o in others.items()}
-                    runs.append(_compare_once(ref.take(bin_ref == k), sub, **kw))
-
-    result: dict[str, Any] = {
-        "split": {
-            "n_events": real.n_events,
-            "n_groups": None if real.groups is None else len(np.unique(real.groups)),
-            "n_splits": n_splits,
-            "n_boot": n_boot,
-            "min_events": min_events,
-        },
-        "ratio_target": ratio_target,
-        "overall": _entries(*_mean_runs(overall_runs), names),
-        "binned": {},
-        "conditional": {},
-    }
-    for var, edges in bins.items():
-        rows, agg = [], []
-        for k, runs in enumerate(bin_runs[var]):
-            row: dict[str, Any] = {
-                "lo": float(edges[k]),
-                "hi": float(edges[k + 1]),
-                "n_events": int(n_in_bin[var][k]),
-                "sparse": bool(sparse[var][k]),
-                "metrics": None,
-            }
-            if runs:
-                values, reps = _mean_runs(runs)
-                row["metrics"] = _entries(values, reps, names)
-                agg.append((row["n_events"], values, reps))
-            rows.append(row)
-        result["binned"][var] = {"edges": edges.tolist(), "bins": rows}
-        result["conditional"][var] = _aggregate(agg, _keys(overall_runs), names, n_boot)
-    for section in [result["overall"], *result["conditional"].values()]:
-        for entry in section.values():
-            if "model" in entry:
-                entry["verdict"] = verdict(entry, ratio_target)
-    return result
-
-
-def _keys(runs) -> list[str]:
-    return list(runs[0][0])
-
-
-def _mean_runs(runs):
-    """Average (values, replicas) over splits: values by nanmean, replicas element-wise."""
-    values0, reps0 = runs[0]
-    values = {k: {m: _nanmean([r[0][k][m] for r in runs]) for m in values0[k]} for k in values0}
-    reps = {k: {m: np.mean([r[1][k][m] for r in runs], axis=0) for m in reps0[k]} for k in reps0}
-    return values, reps
-
-
-def _nanmean(x: list[float]) -> float:
-    x = np.asarray(x, dtype=np.float64)
-    x = x[np.isfinite(x)]
-    return float(x.mean()) if x.size else float("nan")
-
-
-def _aggregate(agg, keys, names, n_boot) -> dict[str, dict[str, float]]:
-    """Event-weighted mean over the populated bins of each metric (and of its replicas),
-    i.e. how well the conditional distributions match on average."""
-    values = {k: {} for k in keys}
-    reps = {k: {} for k in keys}
-    for m in names:
-        # the bins where the floor is defined, the same for every key so that ratios compare
-        # like with like; a candidate without data in one of them (NaN) gets NaN
-        use = [(n, vals, rp) for n, vals, rp in agg if np.isfinite(vals[FLOOR][m])]
-        w = np.array([n for n, _, _ in use], dtype=np.float64)
-        for k in keys:
-            v = np.array([vals[k][m] for _, vals, _ in use])
-            if w.size == 0 or not np.isfinite(v).all():
-                values[k][m], reps[k][m] = float("nan"), np.full(n_boot, np.nan)
-                continue
-            r = np.array([rp[k][m] for _, _, rp in use]).reshape(len(w), n_boot)
-            values[k][m] = float(np.sum(w * v) / w.sum())
-            reps[k][m] = np.sum(w[:, None] * r, 0) / w.sum()
-    return _entries(values, reps, names)
+    stick = Yardstick(
+        real,
+        bins=bins,
+        n_splits=n_splits,
+        min_events=min_events,
+        seed=seed,
+        baseline=baseline,
+        pool=list(candidates.values()) if fast else None,
+        names=names,
+    )
+    measured = {k: stick.measure(c) for k, c in candidates.items()}
+    return stick.result(measured, ratio_target)

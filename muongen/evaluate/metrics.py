@@ -11,21 +11,44 @@
 ``event_log10_leading_energy``  W1 of log10 of the leading muon energy (events with muons)
 ``event_mean_radius``           W1 of the mean radius (m) (events with muons)
 ``frechet_event``               Frechet distance of the four event observables (standardised)
+``muon_log10_energy_n<K>``      W1 of muon log10 E within bundles of N in multiplicity bin K
+``muon_log10_radius_n<K>``      W1 of muon log10 r within bundles of N in multiplicity bin K
+``muon_log10_radius_by_energy`` the energy-radius correlation: W1 of log10 r in decades of
+                                muon energy, averaged with the reference's muon counts
 ==============================  ===========================================================
 
-A metric without data on one side (no muons, no events) is NaN. Binning by condition
-(primary log10 energy, cos zenith, depth) is in :func:`bin_index` / :func:`default_edges`.
+The multiplicity bins K are fixed (``1``, ``2-9``, ``10-99``, ``100+`` muons per bundle) so
+that a metric means the same on every data set: the radial profile and the energy spectrum
+inside single muons, small, large and very large bundles, each with a floor of its own.
+Radii enter these in log10: a W1 in metres is ruled by the few far-out muons of rare
+showers, and its floor changes by half from one held-out set to the next. A
+bin a sample has no muons in gives NaN, like any metric without data on one side.
+
+A metric without data on one side (no muons, no events) is NaN. The per-muon W1 distances
+are exact by default; with a :class:`MuonGrid` (fine bins of the pooled muons, 65536 per
+observable) they come from bin counts instead of sorts, within a fraction of a percent of
+the exact value and tens of times faster on the many subsets the floors and bins need.
+Binning by condition (primary log10 energy, cos zenith, depth) is in :func:`bin_index` /
+:func:`default_edges`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import warnings
 
 import numpy as np
 import scipy.linalg
 from scipy.stats import wasserstein_distance
 
-from muongen.evaluate.features import EVENT_OBSERVABLES, MUON_OBSERVABLES, EventSample
+from muongen.evaluate.features import (
+    BUNDLE_SIZE,
+    EVENT_OBSERVABLES,
+    LOG10_RADIUS,
+    MUON_OBSERVABLES,
+    EventSample,
+)
 
 W1_MUON = {f"muon_{k}": k for k in MUON_OBSERVABLES}
 W1_EVENT = {
@@ -35,7 +58,20 @@ W1_EVENT = {
     "event_mean_radius": "mean_radius",
 }
 FRECHET = "frechet_event"
-METRICS = (*W1_MUON, *W1_EVENT, FRECHET)
+#: Bundle multiplicity bins [lo, hi) of the within-bundle metrics, by name.
+MULTIPLICITY_BINS = {"n1": (1, 2), "n2-9": (2, 10), "n10-99": (10, 100), "n100+": (100, None)}
+#: Within-bundle metrics: name -> (muon observable, multiplicity bin).
+W1_BUNDLE = {
+    f"muon_{obs}_{key}": (obs, key)
+    for obs in ("log10_energy", LOG10_RADIUS)
+    for key in MULTIPLICITY_BINS
+}
+#: Muon log10(E/GeV) edges of the energy-radius correlation metric (decades, open ends).
+ENERGY_DECADES = (-np.inf, 1.0, 2.0, 3.0, np.inf)
+RADIUS_BY_ENERGY = "muon_log10_radius_by_energy"
+#: Muon observables the fine W1 grid bins.
+GRID_OBSERVABLES = (*MUON_OBSERVABLES, LOG10_RADIUS)
+METRICS = (*W1_MUON, *W1_EVENT, FRECHET, *W1_BUNDLE, RADIUS_BY_ENERGY)
 
 #: Units of each metric, for reports.
 UNITS = {
@@ -48,6 +84,8 @@ UNITS = {
     "event_log10_leading_energy": "dex",
     "event_mean_radius": "m",
     "frechet_event": "σ²",
+    **{name: "dex" for name in W1_BUNDLE},
+    RADIUS_BY_ENERGY: "dex",
 }
 
 
@@ -62,6 +100,77 @@ def wasserstein_1d(a: np.ndarray, b: np.ndarray) -> float:
     if a.size == 0 or b.size == 0:
         return float("nan")
     return float(wasserstein_distance(a, b))
+
+
+#: Key prefix of a muon observable's fine-bin codes in ``EventSample.muon`` (see MuonGrid).
+CODE_PREFIX = "code:"
+
+
+class MuonGrid:
+    """Fine bins of the per-muon observables, for fast W1 on many subsets of the same muons.
+
+    Edges are quantiles of the pooled muons of every sample to be compared, so each bin
+    holds a few of them, and a muon stands at the mean of the pooled muons of its bin (so
+    that the shifts within a bin cancel on average). ``digitise`` stores each muon's bin (its
+    code) in the sample, and :meth:`w1` needs only bin counts of two code arrays, no sort.
+
+    Args:
+        edges: observable -> increasing edges (G + 1,).
+        points: observable -> increasing position of each bin's muons (G,).
+    """
+
+    def __init__(self, edges: dict[str, np.ndarray], points: dict[str, np.ndarray]) -> None:
+        self.edges = {k: np.asarray(e, dtype=np.float64) for k, e in edges.items()}
+        self._points = {k: np.asarray(p, dtype=np.float64) for k, p in points.items()}
+        # W1 of two binned samples = sum over bins of |F_a - F_b| * (next point - point)
+        self._spacing = {k: np.diff(p) for k, p in self._points.items()}
+
+    @classmethod
+    def from_samples(cls, samples: list[EventSample], n_bins: int = 1 << 16) -> MuonGrid:
+        """Quantile edges of the muons pooled over ``samples``, per muon observable: at most
+        ``n_bins`` bins (a W1 costs O(bins + muons)); with fewer pooled muons than that,
+        each is a bin of its own and the W1 is exact."""
+        edges, points = {}, {}
+        for obs in GRID_OBSERVABLES:
+            pooled = np.sort(np.concatenate([s.muon[obs] for s in samples]))
+            pooled = pooled[np.isfinite(pooled)]
+            if pooled.size == 0:
+                pooled = np.zeros(1)
+            if pooled.size <= n_bins:  # every value a bin of its own: exact
+                e = np.unique(pooled)
+                e = np.append(e, e[-1] + 1.0)  # the top edge only closes the last bin
+            else:
+                pick = np.round(np.linspace(0, pooled.size - 1, n_bins + 1)).astype(np.int64)
+                e = np.unique(pooled[pick])
+                e = e if len(e) >= 2 else np.array([e[0], e[0] + 1.0])
+            code = np.clip(np.searchsorted(e, pooled, side="right") - 1, 0, len(e) - 2)
+            # every bin holds its left edge, a pooled value: no empty bin
+            sums = np.bincount(code, weights=pooled, minlength=len(e) - 1)
+            points[obs] = sums / np.bincount(code, minlength=len(e) - 1)
+            edges[obs] = e
+        return cls(edges, points)
+
+    def digitise(self, sample: EventSample) -> EventSample:
+        """``sample`` with the bin code of every muon observable (int32) among its muons."""
+        codes = {}
+        for obs, e in self.edges.items():
+            idx = np.searchsorted(e, sample.muon[obs], side="right") - 1
+            codes[CODE_PREFIX + obs] = np.clip(idx, 0, len(e) - 2).astype(np.int32)
+        return dataclasses.replace(sample, muon={**sample.muon, **codes})
+
+    def w1(self, obs: str, codes_a: np.ndarray, codes_b: np.ndarray) -> float:
+        """W1 of two samples given as bin codes (n,), (m,) of observable ``obs``; NaN if
+        either is empty. Few muons against many bins: sorting their bin positions is cheaper
+        than counting over every bin, and gives the same number."""
+        if codes_a.size == 0 or codes_b.size == 0:
+            return float("nan")
+        points = self._points[obs]
+        if 4 * (codes_a.size + codes_b.size) < len(points):
+            return wasserstein_1d(points[codes_a], points[codes_b])
+        n = len(points)
+        diff = np.bincount(codes_a, minlength=n) / codes_a.size
+        diff -= np.bincount(codes_b, minlength=n) / codes_b.size
+        return float(np.abs(np.cumsum(diff[:-1])) @ self._spacing[obs])
 
 
 def gaussian_frechet(mu1: np.ndarray, cov1: np.ndarray, mu2: np.ndarray, cov2: np.ndarray) -> float:
@@ -100,6 +209,52 @@ def frechet_distance(x: np.ndarray, y: np.ndarray) -> float:
     return gaussian_frechet(x.mean(0), np.cov(x, rowvar=False), y.mean(0), np.cov(y, rowvar=False))
 
 
+def _in_multiplicity_bin(sample: EventSample, key: str) -> np.ndarray:
+    """(N,) bool: the muons of bundles whose multiplicity is in bin ``key``."""
+    lo, hi = MULTIPLICITY_BINS[key]
+    n = sample.muon[BUNDLE_SIZE]
+    return (n >= lo) if hi is None else ((n >= lo) & (n < hi))
+
+
+def muon_w1(
+    ref: EventSample,
+    other: EventSample,
+    obs: str,
+    grid: MuonGrid | None = None,
+    sel_ref: np.ndarray | None = None,
+    sel_other: np.ndarray | None = None,
+) -> float:
+    """W1 of muon observable ``obs`` between the selected muons (bool masks, None: all) of two
+    samples; from the grid's bin codes when both samples carry them, else exact."""
+    key = CODE_PREFIX + obs
+    if grid is not None and key in ref.muon and key in other.muon:
+        a, b = ref.muon[key], other.muon[key]
+        a, b = (a if sel_ref is None else a[sel_ref]), (b if sel_other is None else b[sel_other])
+        return grid.w1(obs, a, b)
+    a, b = ref.muon[obs], other.muon[obs]
+    a, b = (a if sel_ref is None else a[sel_ref]), (b if sel_other is None else b[sel_other])
+    return wasserstein_1d(a, b)
+
+
+def radius_by_energy(ref: EventSample, other: EventSample, grid: MuonGrid | None = None) -> float:
+    """Mean over decades of muon energy of the W1 of log10 r, weighted by ``ref``'s muons.
+
+    A marginal radius W1 cannot see whether energetic muons sit near the core; this can.
+    Decades where either side has no muons are left out; NaN when none is left.
+    """
+    e_ref, e_other = ref.muon["log10_energy"], other.muon["log10_energy"]
+    values, weights = [], []
+    for lo, hi in itertools.pairwise(ENERGY_DECADES):
+        in_ref = (e_ref >= lo) & (e_ref < hi)
+        in_other = (e_other >= lo) & (e_other < hi)
+        if in_ref.any() and in_other.any():
+            values.append(muon_w1(ref, other, LOG10_RADIUS, grid, in_ref, in_other))
+            weights.append(in_ref.sum())
+    if not values:
+        return float("nan")
+    return float(np.average(values, weights=weights))
+
+
 def standardiser(sample: EventSample) -> tuple[np.ndarray, np.ndarray]:
     """(mean, std) of the event observables of ``sample`` (events with muons), for Frechet.
 
@@ -119,19 +274,27 @@ def compute_metrics(
     *,
     scale: tuple[np.ndarray, np.ndarray] | None = None,
     names: tuple[str, ...] = METRICS,
+    grid: MuonGrid | None = None,
 ) -> dict[str, float]:
     """Every metric in ``names`` between ``ref`` and ``other``.
 
     Args:
         scale: (mean, std) standardising the event observables for the Frechet distance
             (default: from ``ref``).
+        grid: fine bins for fast per-muon W1 (both samples digitised with it); None: exact.
     """
     out: dict[str, float] = {}
     for name in names:
         if name in W1_MUON:
-            out[name] = wasserstein_1d(ref.muon[W1_MUON[name]], other.muon[W1_MUON[name]])
+            out[name] = muon_w1(ref, other, W1_MUON[name], grid)
         elif name in W1_EVENT:
             out[name] = wasserstein_1d(ref.event[W1_EVENT[name]], other.event[W1_EVENT[name]])
+        elif name in W1_BUNDLE:
+            obs, key = W1_BUNDLE[name]
+            sel_ref, sel_other = _in_multiplicity_bin(ref, key), _in_multiplicity_bin(other, key)
+            out[name] = muon_w1(ref, other, obs, grid, sel_ref, sel_other)
+        elif name == RADIUS_BY_ENERGY:
+            out[name] = radius_by_energy(ref, other, grid)
         elif name == FRECHET:
             mean, std = scale if scale is not None else standardiser(ref)
             out[name] = frechet_distance(

@@ -37,10 +37,21 @@ def jsonable(obj: Any) -> Any:
 
 
 def write_metrics_json(path: str | Path, result: dict[str, Any]) -> Path:
-    """Write ``result`` as strict JSON (no NaN) to ``path``."""
+    """Write ``result`` as strict JSON (no NaN) to ``path``, its "summary" (median and worst
+    ratio) last, so that the file ends with the two numbers to look at first."""
     path = Path(path)
-    path.write_text(json.dumps(jsonable(result), indent=2, allow_nan=False) + "\n")
+    ordered = {k: v for k, v in result.items() if k != "summary"}
+    if "summary" in result:
+        ordered["summary"] = result["summary"]
+    path.write_text(json.dumps(jsonable(ordered), indent=2, allow_nan=False) + "\n")
     return path
+
+
+def _times(v: Any) -> str:
+    """A ratio as "1.23x"; infinite: the model has no output there."""
+    if isinstance(v, float) and math.isinf(v):
+        return "no model output"
+    return f"{_fmt(v)}x"
 
 
 def _fmt(v: Any, err: Any = None) -> str:
@@ -52,11 +63,56 @@ def _fmt(v: Any, err: Any = None) -> str:
     return text
 
 
-HEADER = ("metric", "unit", "model", "floor ± err", "ratio", "baseline (ratio)", "verdict")
+HEADER = (
+    "metric",
+    "unit",
+    "model",
+    "floor ± err (rel)",
+    "ratio",
+    "baseline (ratio)",
+    "verdict",
+    "worst bin: ratio",
+)
 
 
-def summary_rows(section: dict[str, dict[str, float]], prefix: str = "") -> list[tuple[str, ...]]:
-    """One table row per metric of a result section (``overall`` or a ``conditional`` one)."""
+def _floor_cell(e: dict[str, Any]) -> str:
+    text = _fmt(e.get("floor"), e.get("floor_err"))
+    rel = e.get("floor_rel_err")
+    if isinstance(rel, float) and math.isfinite(rel):
+        text += f" ({rel:.0%})"
+    return text
+
+
+def worst_bin(result: dict[str, Any], metric: str, variables: list[str] | None = None) -> str:
+    """ "VAR [lo, hi): R x" for the bin of ``variables`` (default: all) where ``metric``'s model
+    ratio is worst ("no output" counts as worst); "" without binned values."""
+    worst: tuple[float, str] | None = None
+    for var, info in result.get("binned", {}).items():
+        if variables is not None and var not in variables:
+            continue
+        for row in info["bins"]:
+            e = (row["metrics"] or {}).get(metric)
+            floor = None if e is None else e.get("floor")
+            if floor is None or not (isinstance(floor, float) and math.isfinite(floor)):
+                continue
+            r = e.get("model_ratio")
+            r = r if isinstance(r, float) and math.isfinite(r) else math.inf
+            if worst is None or r > worst[0]:
+                worst = (r, f"{var} [{row['lo']:g}, {row['hi']:g})")
+    if worst is None:
+        return ""
+    value = "no output" if math.isinf(worst[0]) else f"{worst[0]:.3g}x"
+    return f"{worst[1]}: {value}"
+
+
+def summary_rows(
+    section: dict[str, dict[str, float]],
+    prefix: str = "",
+    result: dict[str, Any] | None = None,
+    variables: list[str] | None = None,
+) -> list[tuple[str, ...]]:
+    """One table row per metric of a result section (``overall`` or a ``conditional`` one);
+    with ``result``, the last column names the worst bin of ``variables`` (default: all)."""
     rows = []
     for metric, e in section.items():
         base = "n/a"
@@ -67,10 +123,11 @@ def summary_rows(section: dict[str, dict[str, float]], prefix: str = "") -> list
                 f"{prefix}{metric}",
                 UNITS.get(metric, ""),
                 _fmt(e.get("model"), e.get("model_err")),
-                _fmt(e.get("floor"), e.get("floor_err")),
+                _floor_cell(e),
                 _fmt(e.get("model_ratio"), e.get("model_ratio_err")),
                 base,
                 e.get("verdict", ""),
+                worst_bin(result, metric, variables) if result else "",
             )
         )
     return rows
@@ -85,39 +142,49 @@ def markdown_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
 
 
 def summary_table(result: dict[str, Any]) -> str:
-    """The overall metrics and their event-weighted means over condition bins, one table."""
-    rows = summary_rows(result["overall"])
+    """The overall metrics and their event-weighted means over condition bins, one table; each
+    row names the worst bin of its metric (overall rows: over every binned variable)."""
+    rows = summary_rows(result["overall"], result=result)
     for var, section in result.get("conditional", {}).items():
-        rows += summary_rows(section, prefix=f"{var} bins: ")
+        rows += summary_rows(section, prefix=f"{var} bins: ", result=result, variables=[var])
     return markdown_table(HEADER, rows)
 
 
 def headline(result: dict[str, Any]) -> str:
-    """One sentence: how many overall metrics pass, and where the model beats the baseline."""
-    overall = result["overall"]
-    target = result.get("ratio_target", 3.0)
-    ratios = [e.get("model_ratio") for e in overall.values()]
-    ok = sum(1 for r in ratios if r is not None and math.isfinite(r) and r <= target)
-    cond = [e for s in result.get("conditional", {}).values() for e in s.values()]
-    beats = sum(1 for e in cond if "beats baseline" in e.get("verdict", ""))
-    worst = max(
-        (
-            (m, e["model_ratio"])
-            for m, e in overall.items()
-            if math.isfinite(e.get("model_ratio", math.nan))
-        ),
-        key=lambda t: t[1],
-        default=None,
+    """Two sentences: the median and worst ratio over all overall and binned metrics with the
+    verdict counts, and where the model beats the baseline."""
+    s = result.get("summary", {})
+    n = s.get("n_metrics", 0)
+    if not n:
+        return "No metric has a floor: the held-out data hold no muons."
+    text = (
+        f"Over {n} overall and binned metrics the model's ratio to floor has median "
+        f"{_times(s.get('median_ratio'))} and worst {_times(s.get('worst_ratio'))}"
+        f" ({s.get('worst')}); {s.get('n_pass', 0)} pass, {s.get('n_no_pass', 0)} no pass "
+        f"(worse than the baseline within errors), {s.get('n_FAIL', 0)} FAIL, "
+        f"{s.get('n_floor_uncertain', 0)} floor uncertain (floor error above "
+        f"{result['split'].get('floor_rel_err_max', 0.25):.0%}; no verdict)."
     )
-    text = f"{ok} of {len(overall)} overall metrics are within {target:g}x their floor"
-    if worst:
-        text += f" (worst: {worst[0]} at {worst[1]:.2f}x)"
-    if cond:
+    if s.get("n_floor_certain"):
         text += (
-            f"; the model beats the condition-ignoring baseline on {beats} of {len(cond)}"
-            " binned metrics"
+            f" Where the floor is known ({s['n_floor_certain']} metrics): median "
+            f"{_times(s.get('median_ratio_certain'))}, worst {_times(s.get('worst_ratio_certain'))}"
+            f" ({s.get('worst_certain')})."
         )
-    return text + "."
+    binned = [
+        e
+        for info in result.get("binned", {}).values()
+        for row in info["bins"]
+        for e in (row["metrics"] or {}).values()
+        if "verdict" in e
+    ]
+    if binned:
+        beats = sum(1 for e in binned if "beats baseline" in e["verdict"])
+        text += (
+            f" The model beats the condition-ignoring baseline on {beats} of {len(binned)}"
+            " binned metrics."
+        )
+    return text
 
 
 def _bin_table(var: str, info: dict[str, Any]) -> str:
@@ -152,19 +219,23 @@ def write_report(
     lines += [
         f"- events: {split.get('n_events')} held-out"
         + (f" from {split['n_groups']} showers" if split.get("n_groups") else "")
-        + f", {split.get('n_splits')} random half split(s), {split.get('n_boot')} bootstrap"
-        " replicas",
+        + f", {split.get('n_splits')} random half splits",
         "",
         headline(result),
         "",
         "**How to read this.** *floor*: the metric between two random halves of the held-out "
-        "data (± bootstrap standard error); *model*: the metric between one half and events "
-        "generated for the other half's primaries; *ratio*: model / floor (1 = as close as a "
-        "second simulation of the same size); *baseline*: a generator that ignores the "
-        "primary (multiplicity and muons drawn from the pooled held-out events); it matches "
-        "the overall per-muon marginals by construction, so the binned rows show what the "
-        "model learned. Verdict: pass when ratio <= "
-        f"{result.get('ratio_target', 3.0):g}; against the baseline within two standard errors.",
+        "data, averaged over the splits (± standard error of that mean, and relative to it); "
+        "*model*: the metric between one half and events generated for the other half's "
+        "primaries; *ratio*: model / floor (1 = as close as a second simulation of the same "
+        "size); *baseline*: a generator that ignores the primary (multiplicity and muons "
+        "drawn from the pooled held-out events); it matches the overall per-muon marginals "
+        "by construction, so the binned rows show what the model learned. Verdict: no "
+        "verdict (*floor uncertain*) where the floor's error is above "
+        f"{split.get('floor_rel_err_max', 0.25):.0%}; else *pass* when ratio <= "
+        f"{result.get('ratio_target', 3.0):g} and the model is no worse than the baseline, "
+        "*no pass* when it is worse than the baseline within two standard errors (paired over "
+        "the splits), *FAIL* when the ratio is above the target or the model loses to the "
+        "baseline. *Worst bin*: the condition bin where the metric's ratio is largest.",
         "",
         "## Summary",
         "",

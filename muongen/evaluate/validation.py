@@ -1,15 +1,19 @@
-"""Periodic validation during training: a few key distances and their ratios to the floor.
+"""Periodic validation during training: the evaluation's ratios to floor on held-out files.
 
-The held-out events are read and split into halves A and B once; the floor (A vs B,
-averaged over several random splits for a steady denominator) is computed once. Each
-:meth:`Validator.run` generates for B's primaries with a fixed seed (so changes between
-runs come from the model, not the noise) and compares with A. The global RNGs and the
-generator's train/eval mode are left as they were, so validation does not change training.
+The held-out events are read once and split ``n_splits`` times into halves A and B; the
+floors of every metric, overall and in condition bins, are computed once (a
+:class:`~muongen.evaluate.floors.Yardstick`, as ``muongen evaluate`` uses). Each
+:meth:`Validator.run` generates for the held-out primaries with a fixed seed (so changes
+between runs come from the model, not the noise) and measures the model against every
+split. Its median ratio over all overall and binned metrics is the number the trainer keeps
+its best checkpoint by (:func:`is_better`). The global RNGs and the generator's train/eval
+mode are left as they were, so validation does not change training.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 import numpy as np
@@ -20,13 +24,12 @@ from muongen.config import Config
 from muongen.errors import ConfigError
 from muongen.evaluate import plots
 from muongen.evaluate.features import EventSample, shower_groups
-from muongen.evaluate.floors import ratio, split_halves
-from muongen.evaluate.metrics import compute_metrics, standardiser
+from muongen.evaluate.floors import Yardstick, default_bins
 from muongen.evaluate.sample import generate, read_inputs
 
 log = logging.getLogger(__name__)
 
-#: The metrics logged every validation.
+#: The metrics logged one by one every validation (all of them enter the median ratio).
 KEY_METRICS = (
     "multiplicity",
     "muon_log10_energy",
@@ -34,6 +37,20 @@ KEY_METRICS = (
     "event_log10_total_energy",
     "frechet_event",
 )
+#: The validation scalar the best checkpoint is chosen by (lower is better).
+BEST_BY = "median_ratio"
+
+
+def is_better(value: float, best: float | None) -> bool:
+    """Whether a validation's ``median_ratio`` beats the best so far (None: none yet).
+
+    NaN is never better (no floor, or a model without output everywhere); a finite value
+    beats no value, and otherwise only a strictly smaller one wins, so ties keep the earlier
+    (cheaper) checkpoint.
+    """
+    if value is None or not math.isfinite(value):
+        return False
+    return best is None or not math.isfinite(best) or value < best
 
 
 class Validator:
@@ -44,8 +61,8 @@ class Validator:
         cfg: the run's config: ``logging.val_events`` events are used, generated
             ``data.batch_events`` at a time.
         device: where the generator runs.
-        seed: seeds the split and the generation noise (the same every run).
-        floor_splits: random splits the floor is averaged over.
+        seed: seeds the splits and the generation noise (the same every run).
+        n_splits: random splits the floors and the model's values are averaged over.
     """
 
     def __init__(
@@ -55,7 +72,7 @@ class Validator:
         device: torch.device | str,
         *,
         seed: int = 0,
-        floor_splits: int = 5,
+        n_splits: int = 4,
     ) -> None:
         batch = read_inputs(paths, cfg.logging.val_events or None)
         if batch.n_events < 4:
@@ -64,37 +81,35 @@ class Validator:
                 "(set data.val_paths to held-out files, or logging.val_every=0)"
             )
         real = EventSample.from_batch(batch)
-        real = real.with_groups(shower_groups(real.conditions))
-        rng = np.random.default_rng(seed)
-        self.scale = standardiser(real)
-        floors = []
-        for _ in range(max(floor_splits, 1)):
-            ia, ib = split_halves(real.n_events, rng, real.groups)
-            floors.append(
-                compute_metrics(real.take(ia), real.take(ib), scale=self.scale, names=KEY_METRICS)
-            )
-        # the last split is the one the model is compared on
-        self.reference, self.other = real.take(ia), real.take(ib)
-        self.floor = {m: float(np.nanmean([f[m] for f in floors])) for m in KEY_METRICS}
-        self.conditions = torch.from_numpy(self.other.conditions.astype(np.float32))
+        self.real = real.with_groups(shower_groups(real.conditions))
+        # exact W1: the grid's bins come from the held-out muons, and a model's outliers
+        # beyond them would be clipped
+        self.stick = Yardstick(
+            self.real, bins=default_bins(self.real), n_splits=n_splits, seed=seed, baseline=False
+        )
+        # overall floors of the logged metrics (means over the splits)
+        self.floor = {m: float(np.nanmean(self.stick.floor["overall"][m])) for m in KEY_METRICS}
+        self.conditions = torch.from_numpy(self.real.conditions.astype(np.float32))
         self.device = torch.device(device)
         self.batch_events = cfg.data.batch_events
         self.seed = seed
         log.info(
-            "validation: %d held-out events (%d muons), %d per half",
-            real.n_events,
-            real.n_muons,
-            self.reference.n_events,
+            "validation: %d held-out events (%d muons), %d splits",
+            self.real.n_events,
+            self.real.n_muons,
+            n_splits,
         )
 
     def run(
         self, generator: torch.nn.Module, step: int
     ) -> tuple[dict[str, float], dict[str, Figure]]:
-        """Generate for half B and compare with half A.
+        """Generate for the held-out primaries and measure against every split.
 
         Returns:
-            scalars: ``<metric>``, ``<metric>_ratio`` (to its floor), ``max_ratio`` and
-                ``seconds`` (the trainer logs them under ``val/``);
+            scalars: ``<metric>`` and ``<metric>_ratio`` (to its floor) of KEY_METRICS,
+                ``median_ratio`` and ``worst_ratio`` over all overall and binned metrics
+                (as ``muongen evaluate`` reports them; a metric without model output counts
+                as infinite), ``max_ratio`` (the worst of KEY_METRICS) and ``seconds``;
             figures: ``features`` (histograms with ratio panels) and
                 ``multiplicity_vs_energy`` (the caller logs and closes them).
         """
@@ -107,21 +122,21 @@ class Validator:
             seed=self.seed,
         )
         fake = EventSample.from_arrays(
-            self.other.conditions, fake_batch.muons.numpy(), fake_batch.counts.numpy()
+            self.real.conditions, fake_batch.muons.numpy(), fake_batch.counts.numpy()
         )
-        values = compute_metrics(self.reference, fake, scale=self.scale, names=KEY_METRICS)
+        result = self.stick.result({"model": self.stick.measure(fake)})
         scalars: dict[str, float] = {}
-        ratios = []
-        for m, v in values.items():
-            r = ratio(v, self.floor[m])
-            scalars[m] = v
-            scalars[f"{m}_ratio"] = r
-            ratios.append(r)
-        finite = [r for r in ratios if np.isfinite(r)]
+        for m in KEY_METRICS:
+            scalars[m] = result["overall"][m]["model"]
+            scalars[f"{m}_ratio"] = result["overall"][m]["model_ratio"]
+        finite = [scalars[f"{m}_ratio"] for m in KEY_METRICS]
+        finite = [r for r in finite if math.isfinite(r)]
         scalars["max_ratio"] = max(finite) if finite else float("nan")
+        scalars["median_ratio"] = result["summary"]["median_ratio"]
+        scalars["worst_ratio"] = result["summary"]["worst_ratio"]
         figures = {
-            "features": plots.feature_histograms(self.other, {f"model step {step}": fake}),
-            "multiplicity_vs_energy": plots.multiplicity_vs_energy(self.other, {"model": fake}),
+            "features": plots.feature_histograms(self.real, {f"model step {step}": fake}),
+            "multiplicity_vs_energy": plots.multiplicity_vs_energy(self.real, {"model": fake}),
         }
         scalars["seconds"] = time.perf_counter() - t0
         return scalars, figures

@@ -114,13 +114,46 @@ def docker_context_entries() -> set[str]:
 def test_both_images_run_the_same_install_script_on_the_same_checkout():
     run = " ".join(a for op, a in dockerfile() if op == "RUN")
     post = "\n".join(apptainer()[1]["post"])
-    (d_call,) = install_calls(run)
+    d_calls = install_calls(run)
     (a_call,) = install_calls(post)
-    assert d_call[0] == a_call[0] == f"{SRC}/container/install.sh"
-    assert d_call[2] == a_call[2] == SRC
+    for call in [*d_calls, a_call]:
+        assert call[0] == f"{SRC}/container/install.sh"
+        assert call[2] == SRC
     # variant: a build argument with the same default in both
-    assert (d_call[1], a_call[1]) == ("${VARIANT}", "{{VARIANT}}")
+    assert {c[1] for c in d_calls} == {"${VARIANT}"} and a_call[1] == "{{VARIANT}}"
     assert docker_args()["VARIANT"] == apptainer_args()["VARIANT"] == "cuda"
+    # Docker: dependencies, then the package (two layers); Apptainer: both in one go
+    assert [c[3:] for c in d_calls] == [["deps"], ["package"]]
+    assert a_call[3:] in ([], ["all"])
+
+
+def test_dependency_layer_comes_before_the_sources():
+    # The big layer (torch and the pins) sees only the lock and the install script, so a
+    # change to the code rebuilds only the small layer after `COPY . /opt/muongen/`.
+    ops = dockerfile()
+    copies = [i for i, (op, _) in enumerate(ops) if op == "COPY"]
+    first, whole = copies[0], copies[-1]
+    assert ops[first][1].split() == [
+        "container/install.sh",
+        "container/requirements.lock",
+        f"{SRC}/container/",
+    ]
+    assert ops[whole][1].split() == [".", f"{SRC}/"]
+    runs = {i: a for i, (op, a) in enumerate(ops) if op == "RUN"}
+    deps = next(i for i, a in runs.items() if "install.sh" in a and " deps" in a)
+    package = next(i for i, a in runs.items() if "install.sh" in a and " package" in a)
+    assert first < deps < whole < package
+    # build arguments that change with every build come after both installs
+    for name in ("VCS_REF", "BUILD_DATE", "MUONGEN_VERSION"):
+        (at,) = [i for i, (op, a) in enumerate(ops) if op == "ARG" and a.startswith(name)]
+        assert at > package, f"ARG {name} before the install layers invalidates their cache"
+
+
+def test_build_arguments_for_the_package_sources():
+    args = docker_args()
+    assert args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    for name in ("TORCH_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_CERT"):
+        assert args[name] == "", f"{name} should default to empty (unset)"
 
 
 def test_both_images_copy_the_same_files_from_the_checkout():
@@ -246,8 +279,22 @@ def test_healthcheck_and_test_section_run_a_real_self_check():
     argv = json.loads(health.split("CMD", 1)[1])
     assert argv == ["muongen", "doctor", "--quick"]
     muongen_argv_parses(argv)
+
+
+def test_apptainer_test_section_runs_the_paths_the_smoke_test_runs():
+    # %test: `muongen doctor` through the entrypoint (what %runscript and docker run use),
+    # then the grid node's wrapper, as container/smoke.sh runs them in the Docker image.
     (test_cmd,) = apptainer()[1]["test"]
-    muongen_argv_parses(shlex.split(test_cmd))
+    first, second = (shlex.split(part) for part in test_cmd.split("&&"))
+    (entry,) = json.loads(docker_one("ENTRYPOINT"))
+    assert first[0] == entry
+    muongen_argv_parses(["muongen", *first[1:]])
+    assert second[:2] == [f"{SRC}/jobs/node.sh", "--help"]
+    node = repo_path_of(second[0])
+    assert node.stat().st_mode & 0o111, "jobs/node.sh must be executable"
+    smoke = (REPO / "container" / "smoke.sh").read_text()
+    assert f"{SRC}/jobs/node.sh" in smoke
+    assert re.search(r"\bdoctor\b", smoke)
 
 
 def test_environment_and_user():

@@ -28,7 +28,7 @@ def test_evaluate_end_to_end(tmp_path, tiny_checkpoint, held_out, capsys):
     code = main(
         [
             *argv,
-            "--n-boot",
+            "--n-splits",
             "3",
             "--device",
             "cpu",
@@ -41,15 +41,18 @@ def test_evaluate_end_to_end(tmp_path, tiny_checkpoint, held_out, capsys):
     assert code == 0
     printed = capsys.readouterr().out
     assert "| metric" in printed and "multiplicity" in printed and "wrote" in printed
+    assert "worst bin" in printed and "median" in printed
     data = json.loads((out / "metrics.json").read_text())
     assert set(data["overall"]) == set(METRICS)
+    assert list(data)[-1] == "summary" and data["summary"]["median_ratio"] > 0
+    assert data["split"]["n_splits"] == 3
     assert data["meta"]["step"] == 7 and data["meta"]["checkpoint"] == str(tiny_checkpoint)
     assert data["split"]["n_events"] == 600 and data["throughput"]["events"] == 600
     assert data["binned"]["log10_energy"]["edges"] == [5.0, 6.5, 8.0]
     assert set(data["binned"]) == {"log10_energy", "cos_zenith", "depth"}  # others by default
     # the tiny model makes 3 muons everywhere: its multiplicity is far off the toy physics
     assert data["overall"]["multiplicity"]["model_ratio"] > 3
-    assert data["overall"]["multiplicity"]["verdict"].startswith("FAIL")
+    assert data["overall"]["multiplicity"]["verdict"].startswith(("FAIL", "floor uncertain"))
     report = (out / "report.md").read_text()
     assert "| metric" in report and "floor ± err" in report
     for name in ("muon_log10_energy", "event_multiplicity", "multiplicity_vs_energy", "by_depth"):
@@ -60,13 +63,14 @@ def test_evaluate_end_to_end(tmp_path, tiny_checkpoint, held_out, capsys):
 def test_evaluate_generator_in_process(tiny_generator, held_out):
     real = read_inputs([str(held_out)])
     result, samples = evaluate_generator(
-        tiny_generator, real, n_boot=0, bins=[], group_showers=False
+        tiny_generator, real, n_splits=1, bins=[], group_showers=False
     )
     assert samples["model"].n_events == real.n_events
     assert samples["model"].counts.tolist() == [3] * real.n_events
-    assert result["split"]["n_groups"] is None and result["split"]["n_boot"] == 0
+    assert result["split"]["n_groups"] is None and result["split"]["n_splits"] == 1
     entry = result["overall"]["muon_log10_energy"]
-    assert entry["floor"] > 0 and np.isnan(entry["floor_err"])  # no bootstrap: no errors
+    assert entry["floor"] > 0 and np.isnan(entry["floor_err"])  # one split: no errors
+    assert entry["verdict"].startswith("floor uncertain")  # and no verdict
 
 
 def test_parse_bins(toy):

@@ -36,6 +36,7 @@ def test_event_sample_from_batch_matches_arrays_and_rebuilds_muons():
     s = EventSample.from_batch(batch)
     assert s.n_events == 3 and s.n_muons == 3
     assert s.muon["radius"] == pytest.approx([5.0, 1.0, 10.0])
+    assert s.muon["bundle_size"].tolist() == [2, 2, 1]  # each muon's event multiplicity
     assert s.physical_muons() == pytest.approx(MUONS, rel=1e-6)
     assert s.condition("log10_energy") == pytest.approx([6.0, 7.0, 5.0])
     assert s.condition("cos_zenith")[0] == pytest.approx(1.0)

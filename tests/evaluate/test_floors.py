@@ -1,4 +1,4 @@
-"""Floors, bootstrap, ratios, binning and verdicts of floors.compare."""
+"""Floors, split errors, ratios, binning, verdicts and the ratio summary of floors.compare."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ import pytest
 
 from muongen.evaluate.features import EventSample
 from muongen.evaluate.floors import (
-    bootstrap_metrics,
+    FLOOR_REL_ERR_MAX,
     compare,
+    entry,
+    mean_and_error,
     ratio,
-    resample_index,
+    ratio_summary,
     split_halves,
     verdict,
 )
@@ -33,45 +35,52 @@ def test_split_by_groups_keeps_groups_together():
     assert len(set(groups[a])) == len(set(groups[b])) == 5 and len(a) == len(b) == 35
 
 
-def test_group_bootstrap_draws_whole_groups():
-    groups = np.repeat([0, 1, 2], [1, 2, 3])
-    idx = resample_index(len(groups), groups, np.random.default_rng(2))
-    drawn = groups[idx]
-    assert sum(np.bincount(drawn, minlength=3) % np.array([1, 2, 3])) == 0  # whole groups only
-    assert len(resample_index(9, None, np.random.default_rng(2))) == 9
-
-
 def test_ratio():
     assert ratio(0.3, 0.1) == pytest.approx(3.0)
     assert math.isnan(ratio(0.3, 0.0)) and math.isnan(ratio(float("nan"), 0.1))
 
 
-def _w1_sample(n, loc, rng):
-    x = rng.normal(loc, 1.0, n)  # muon log10 energy, one muon per event
-    muons = np.column_stack([10.0**x, np.zeros(n), np.ones(n)])
-    return EventSample.from_arrays(np.tile([1e6, 0.0, 1.0, 1500.0], (n, 1)), muons, np.ones(n))
+def test_mean_and_error_is_the_standard_error_of_the_mean():
+    mean, err = mean_and_error(np.array([1.0, 2.0, 3.0, np.nan]))
+    assert mean == 2.0 and err == pytest.approx(1.0 / math.sqrt(3))
+    assert math.isnan(mean_and_error(np.array([5.0]))[1])  # one split: no error
+    assert all(math.isnan(v) for v in mean_and_error(np.array([np.nan])))
 
 
-def test_bootstrap_spread_is_sensible_and_shrinks_with_statistics():
-    spreads = []
-    for n in (400, 6400):
-        rng = np.random.default_rng(n)
-        ref, other = _w1_sample(n, 0.0, rng), _w1_sample(n, 0.5, rng)
-        reps = bootstrap_metrics(
-            ref, {"x": other}, n_boot=40, rng=rng, names=("muon_log10_energy",)
-        )["x"]["muon_log10_energy"]
-        assert np.all(np.isfinite(reps)) and abs(reps.mean() - 0.5) < 0.1
-        spreads.append(reps.std())
-    # W1 noise falls like 1/sqrt(n): 16x the events, about 4x less spread
-    assert 2.0 < spreads[0] / spreads[1] < 8.0
-    assert 0.005 < spreads[1] < 0.05
+def test_entry_pairs_the_splits():
+    floor = np.array([1.0, 2.0, 3.0, 2.0])
+    e = entry({"floor": floor, "model": 2 * floor, "baseline": 2 * floor + 0.5})
+    assert e["floor"] == 2.0 and e["floor_rel_err"] == pytest.approx(e["floor_err"] / 2.0)
+    # the model follows the floor split by split: its ratio is exactly 2, with no scatter
+    assert e["model_ratio"] == pytest.approx(2.0) and e["model_ratio_err"] == pytest.approx(0.0)
+    # the difference to the baseline is the same in every split: known exactly
+    assert e["model_minus_baseline"] == pytest.approx(-0.5)
+    assert e["model_minus_baseline_err"] == pytest.approx(0.0)
+    # no output in a split where the data have some: no value at all
+    gap = entry({"floor": floor, "model": np.array([1.0, np.nan, 1.0, 1.0])})
+    assert math.isnan(gap["model"]) and math.isnan(gap["model_ratio"])
 
 
-def test_bootstrap_needs_aligned_samples(toy):
-    with pytest.raises(ValueError, match="aligned"):
-        bootstrap_metrics(
-            toy(10), {"a": toy(10), "b": toy(12)}, n_boot=1, rng=np.random.default_rng()
+def test_floor_error_from_splits_matches_the_scatter_of_independent_data_sets():
+    """The reported floor error (standard error over splits) against the true scatter of the
+    split-mean floor over independent held-out sets of one distribution."""
+    means, errs = [], []
+    for s in range(12):
+        rng = np.random.default_rng(100 + s)
+        x = rng.normal(0.0, 1.0, 4000)
+        real = EventSample.from_arrays(
+            np.tile([1e6, 0.0, 1.0, 1500.0], (4000, 1)),
+            np.column_stack([10.0**x, np.ones(4000), np.zeros(4000)]),
+            np.ones(4000, dtype=np.int64),
         )
+        res = compare(real, {}, baseline=False, n_splits=16, seed=s, names=("muon_log10_energy",))
+        e = res["overall"]["muon_log10_energy"]
+        means.append(e["floor"])
+        errs.append(e["floor_err"])
+    true_scatter = np.std(means, ddof=1)
+    assert 0.5 < np.mean(errs) / true_scatter < 2.0
+    # W1 of two halves of 2000 normal draws: about 0.036 (sqrt(2 / (pi n)) * 1.1)
+    assert np.mean(means) == pytest.approx(0.036, rel=0.25)
 
 
 def test_perfect_model_sits_at_the_floor_and_bad_model_fails(toy):
@@ -79,22 +88,39 @@ def test_perfect_model_sits_at_the_floor_and_bad_model_fails(toy):
     good = toy(6000, seed=1, conditions=real.conditions)  # same physics, same primaries
     bad = toy(6000, seed=2, conditions=real.conditions, shift=0.3)
     bins = {"log10_energy": np.array([5.0, 6.0, 7.0, 8.0])}
-    res = compare(real, {"model": good}, bins=bins, n_boot=8, n_splits=2, seed=0)
+    res = compare(real, {"model": good}, bins=bins, n_splits=8, seed=0)
+    assert res["split"]["n_splits"] == 8 and res["split"]["w1"] == "fine grid"
     for m, e in res["overall"].items():
+        if not np.isfinite(e["floor"]):  # no bundles of 100+ muons in the toy
+            assert e["verdict"] == "n/a", m
+            continue
         assert e["floor"] > 0 and e["floor_err"] > 0, m
         assert e["model_ratio"] == pytest.approx(e["model"] / e["floor"])
-        assert e["model_ratio"] < 3.0, (m, e)
-        assert e["verdict"].startswith("pass")
+        assert e["model_ratio"] < 2.0, (m, e)
+        assert e["verdict"].split(";")[0] in ("pass", "no pass", "floor uncertain"), (m, e)
     # conditionally, the baseline (which ignores the primary) is far off; the model is not
     cond = res["conditional"]["log10_energy"]["multiplicity"]
     assert cond["baseline_ratio"] > 5.0 > cond["model_ratio"]
-    assert "beats baseline" in cond["verdict"]
+    assert cond["verdict"] == "pass; beats baseline"
+    assert 0.7 < res["summary"]["median_ratio"] < 1.3
 
-    res_bad = compare(real, {"model": bad}, n_boot=4, seed=0)
+    res_bad = compare(real, {"model": bad}, n_splits=4, seed=0)
     e = res_bad["overall"]["muon_log10_energy"]
     assert e["model"] == pytest.approx(0.3, abs=0.05)
-    assert e["model_ratio"] > 5 and e["verdict"].startswith("FAIL")
-    assert "loses to baseline" in e["verdict"]
+    assert e["model_ratio"] > 5 and e["verdict"] == "FAIL; loses to baseline"
+
+
+def test_grid_and_exact_w1_agree_in_compare(toy):
+    real = toy(3000, seed=5)
+    model = toy(3000, seed=6, conditions=real.conditions, shift=0.1)
+    names = ("muon_log10_energy", "muon_radius", "muon_log10_radius_n2-9")
+    names = (*names, "muon_log10_radius_by_energy")
+    fast = compare(real, {"model": model}, n_splits=3, names=names)
+    exact = compare(real, {"model": model}, n_splits=3, names=names, fast=False)
+    assert exact["split"]["w1"] == "exact"
+    for m in names:
+        for k in ("floor", "model", "baseline"):
+            assert fast["overall"][m][k] == pytest.approx(exact["overall"][m][k], rel=0.02), (m, k)
 
 
 def test_bins_count_events_and_flag_sparse_ones(toy):
@@ -102,7 +128,7 @@ def test_bins_count_events_and_flag_sparse_ones(toy):
     model = toy(2000, seed=4, conditions=real.conditions)
     log_e = real.condition("log10_energy")
     edges = np.array([5.0, 5.1, 7.0, 8.0])  # the first bin holds ~3 % of the events
-    res = compare(real, {"model": model}, bins={"log10_energy": edges}, n_boot=2, min_events=100)
+    res = compare(real, {"model": model}, bins={"log10_energy": edges}, n_splits=2, min_events=100)
     rows = res["binned"]["log10_energy"]["bins"]
     assert [r["n_events"] for r in rows] == [
         int(((log_e >= lo) & (log_e < hi)).sum()) for lo, hi in itertools.pairwise(edges)
@@ -110,9 +136,12 @@ def test_bins_count_events_and_flag_sparse_ones(toy):
     assert rows[0]["sparse"] and rows[0]["metrics"] is None
     assert not rows[1]["sparse"] and set(rows[1]["metrics"]["multiplicity"]) >= {
         "floor",
+        "floor_err",
+        "floor_rel_err",
         "model",
         "model_ratio",
         "baseline",
+        "verdict",
     }
     assert res["ratio_target"] == 3.0 and res["split"]["n_events"] == 2000
 
@@ -120,13 +149,109 @@ def test_bins_count_events_and_flag_sparse_ones(toy):
 def test_compare_refuses_misaligned_candidates(toy):
     real = toy(100, seed=0)
     with pytest.raises(ValueError, match="aligned"):
-        compare(real, {"model": toy(100, seed=1)}, n_boot=0)
+        compare(real, {"model": toy(100, seed=1)}, n_splits=2)
 
 
-def test_verdict_texts():
-    e = {"model": 1.0, "model_err": 0.1, "floor": 1.0, "model_ratio": 1.0, "baseline": 5.0}
-    assert verdict(e, 3.0) == "pass; beats baseline"
-    assert verdict({**e, "model_ratio": 4.0, "baseline": 1.05}, 3.0) == "FAIL; ties baseline"
-    assert verdict({**e, "model": float("nan"), "model_ratio": float("nan")}, 3.0).startswith(
-        "FAIL"
+# ------------------------------------------------------------- verdicts on constructed cases
+
+GOOD = {
+    "floor": 1.0,
+    "floor_err": 0.1,
+    "floor_rel_err": 0.1,
+    "model": 1.2,
+    "model_ratio": 1.2,
+    "baseline": 5.0,
+    "model_minus_baseline": -3.8,
+    "model_minus_baseline_err": 0.2,
+}
+
+
+def test_verdict_pass_and_fail_on_the_ratio():
+    assert verdict(GOOD, 3.0) == "pass; beats baseline"
+    worse = {**GOOD, "model": 4.0, "model_ratio": 4.0, "model_minus_baseline": -1.0}
+    assert verdict(worse, 3.0) == "FAIL; beats baseline"
+
+
+def test_no_verdict_where_the_floor_is_uncertain():
+    for rel in (FLOOR_REL_ERR_MAX + 0.01, 2.0, float("nan")):  # nan: a single split
+        e = {**GOOD, "floor_rel_err": rel, "model": 9.0, "model_ratio": 9.0}
+        assert verdict(e, 3.0) == "floor uncertain; beats baseline"
+        e = {**e, "model": float("nan"), "model_ratio": float("nan")}
+        assert verdict(e, 3.0) == "floor uncertain; no model output"
+    at_limit = {**GOOD, "floor_rel_err": FLOOR_REL_ERR_MAX}
+    assert verdict(at_limit, 3.0).startswith("pass")
+
+
+def test_a_model_worse_than_the_baseline_never_passes():
+    # worse within two standard errors of the paired difference: no pass (and no "ties")
+    e = {**GOOD, "model": 1.1, "baseline": 1.0, "model_minus_baseline": 0.1}
+    e["model_minus_baseline_err"] = 0.1
+    assert verdict(e, 3.0) == "no pass; worse than baseline (within errors)"
+    # worse beyond them: FAIL, although the ratio is within the target
+    e["model_minus_baseline_err"] = 0.01
+    assert verdict(e, 3.0) == "FAIL; loses to baseline"
+    # equal or better within errors: a tie, and a pass
+    e = {**e, "model_minus_baseline": -0.05, "model_minus_baseline_err": 0.1}
+    assert verdict(e, 3.0) == "pass; ties baseline"
+    e["model_minus_baseline"] = 0.0
+    assert verdict(e, 3.0) == "pass; ties baseline"
+
+
+def test_verdict_without_data_or_output():
+    assert verdict({**GOOD, "floor": float("nan")}, 3.0) == "n/a"
+    assert verdict({**GOOD, "model": float("nan"), "model_ratio": float("nan")}, 3.0) == (
+        "FAIL; no model output"
     )
+
+
+def _result_with_a_bad_bin(toy):
+    """A model right everywhere but in the top primary-energy bin, where its muons are
+    0.5 dex too energetic."""
+    real = toy(6000, seed=0)
+    good = toy(6000, seed=1, conditions=real.conditions)
+    top = np.repeat(real.condition("log10_energy") >= 7.0, good.counts)
+    muons = good.physical_muons()
+    muons[top, 0] *= 10.0**0.5
+    model = EventSample.from_arrays(real.conditions, muons, good.counts)
+    bins = {"log10_energy": np.array([5.0, 6.0, 7.0, 8.0])}
+    return compare(real, {"model": model}, bins=bins, n_splits=6, seed=1)
+
+
+def test_summary_names_the_worst_bin_and_ends_metrics_json(tmp_path, toy):
+    import json
+
+    from muongen.evaluate import report
+
+    res = _result_with_a_bad_bin(toy)
+    s = res["summary"]
+    assert s["worst"].endswith(" @ log10_energy [7, 8)")
+    # the median and worst over every overall and binned ratio, recomputed here
+    ratios = [e["model_ratio"] for e in res["overall"].values()]
+    for row in res["binned"]["log10_energy"]["bins"]:
+        ratios += [e["model_ratio"] for e in row["metrics"].values()]
+    ratios = [r for r in ratios if np.isfinite(r)]
+    assert s["median_ratio"] == pytest.approx(np.median(ratios))
+    assert s["worst_ratio"] == pytest.approx(max(ratios)) and s["worst_ratio"] > 10
+    assert s["n_metrics"] == len(ratios)
+    table = report.summary_table(res)
+    row = next(r for r in table.splitlines() if r.startswith("| muon_log10_energy "))
+    assert "log10_energy [7, 8): " in row and "FAIL" in row
+    path = report.write_metrics_json(tmp_path / "metrics.json", {**res, "meta": {"step": 1}})
+    data = json.loads(path.read_text())
+    assert list(data)[-1] == "summary"
+    assert data["summary"]["median_ratio"] == pytest.approx(s["median_ratio"])
+    assert data["summary"]["worst_ratio"] == pytest.approx(s["worst_ratio"])
+
+
+def test_ratio_summary_counts_no_output_as_infinite():
+    e = {**GOOD, "verdict": "pass"}
+    missing = {**GOOD, "model": float("nan"), "model_ratio": float("nan"), "verdict": "FAIL"}
+    res = {
+        "split": {"floor_rel_err_max": FLOOR_REL_ERR_MAX},
+        "overall": {"a": e, "b": missing, "c": {**missing, "floor_rel_err": 0.5}},
+        "binned": {},
+    }
+    s = ratio_summary(res)
+    assert s["n_metrics"] == 2  # the uncertain one without output has no ratio
+    assert s["worst_ratio"] == math.inf and s["worst"] == "b" and s["worst_no_output"]
+    assert s["n_pass"] == 1 and s["n_FAIL"] == 2

@@ -10,6 +10,7 @@ import pytest
 from muongen.evaluate.features import EventSample
 from muongen.evaluate.metrics import (
     METRICS,
+    MuonGrid,
     bin_index,
     compute_metrics,
     default_edges,
@@ -69,7 +70,8 @@ def test_compute_metrics_sees_an_energy_shift_and_nothing_else(toy):
     same = EventSample.from_arrays(real.conditions, real.physical_muons(), real.counts)
     zero = compute_metrics(real, same)
     assert set(zero) == set(METRICS)
-    assert all(v == pytest.approx(0.0, abs=1e-6) for v in zero.values())
+    assert math.isnan(zero["muon_log10_radius_n100+"])  # the toy has no bundles of 100+ muons
+    assert all(v == pytest.approx(0.0, abs=1e-6) for v in zero.values() if not math.isnan(v))
     shifted_muons = real.physical_muons() * np.array([10.0**0.3, 1.0, 1.0])
     shifted = compute_metrics(
         real, EventSample.from_arrays(real.conditions, shifted_muons, real.counts)
@@ -111,3 +113,79 @@ def test_parse_edges():
     for bad in ("5", "6,5", "a,b"):
         with pytest.raises(ValueError):
             parse_edges(bad)
+
+
+# ------------------------------------------------------------------ within-bundle metrics
+
+
+def _bundles(spec, energy_of=None):
+    """Events from [(n muons, radius m, log10 E)]; muons on the x axis."""
+    counts = np.array([n for n, _, _ in spec], dtype=np.int64)
+    muons = np.concatenate(
+        [np.tile([10.0**loge, r, 0.0], (n, 1)) for n, r, loge in spec if n > 0]
+        or [np.zeros((0, 3))]
+    )
+    cond = np.tile([1e6, 0.0, 1.0, 1500.0], (len(counts), 1))
+    return EventSample.from_arrays(cond, muons, counts)
+
+
+def test_radial_profile_and_spectrum_in_multiplicity_bins_known_answers():
+    # single muons at 1 m vs 3 m; bundles of 5 at 10 m in both; log10 E 2 vs 2.5 in bundles
+    real = _bundles([(1, 1.0, 2.0), (1, 1.0, 2.0), (5, 10.0, 2.0)])
+    other = _bundles([(1, 3.0, 2.0), (1, 3.0, 2.0), (5, 10.0, 2.5)])
+    d = compute_metrics(real, other)
+    assert d["muon_log10_radius_n1"] == pytest.approx(np.log10(3.0))
+    assert d["muon_log10_radius_n2-9"] == pytest.approx(0.0)
+    assert d["muon_log10_energy_n1"] == pytest.approx(0.0)
+    assert d["muon_log10_energy_n2-9"] == pytest.approx(0.5)
+    # no bundles of 10+ on either side: no value
+    assert math.isnan(d["muon_log10_radius_n10-99"]) and math.isnan(d["muon_log10_energy_n100+"])
+    # a bundle of 120 muons counts in the 100+ bin only
+    big = _bundles([(120, 4.0, 1.0)])
+    d = compute_metrics(big, _bundles([(120, 6.0, 1.0)]))
+    assert d["muon_log10_radius_n100+"] == pytest.approx(np.log10(1.5))
+    assert math.isnan(d["muon_log10_radius_n1"])
+    # the model has no bundles of 2-9 where the data do: no value there (-> no model output)
+    d = compute_metrics(real, _bundles([(1, 1.0, 2.0)] * 7))
+    assert math.isnan(d["muon_log10_radius_n2-9"]) and d["muon_log10_radius_n1"] == 0.0
+
+
+def test_energy_radius_correlation_sees_what_the_marginals_miss():
+    # energetic muons near the core in the data, far out in the other: same marginals
+    real = _bundles([(1, 1.0, 3.5), (1, 5.0, 0.5)] * 50)
+    swapped = _bundles([(1, 5.0, 3.5), (1, 1.0, 0.5)] * 50)
+    d = compute_metrics(real, swapped)
+    assert d["muon_radius"] == pytest.approx(0.0) and d["muon_log10_energy"] == pytest.approx(0.0)
+    assert d["muon_log10_radius_by_energy"] == pytest.approx(np.log10(5.0))
+    assert compute_metrics(real, real)["muon_log10_radius_by_energy"] == pytest.approx(0.0)
+    # weighted by the reference's muons per decade: 3 of 4 at 1 m vs 2 m, 1 of 4 equal
+    ref = _bundles([(1, 1.0, 0.5)] * 3 + [(1, 7.0, 2.5)])
+    oth = _bundles([(1, 2.0, 0.5)] * 5 + [(1, 7.0, 2.5)])
+    by_energy = compute_metrics(ref, oth)["muon_log10_radius_by_energy"]
+    assert by_energy == pytest.approx(0.75 * np.log10(2.0))
+
+
+def test_grid_w1_is_exact_for_small_pools_and_close_for_large_ones(toy):
+    a, b = toy(2000, seed=1), toy(2000, seed=2, shift=0.2)
+    grid = MuonGrid.from_samples([a, b])
+    ga, gb = grid.digitise(a), grid.digitise(b)
+    exact = compute_metrics(a, b)
+    fast = compute_metrics(ga, gb, grid=grid)
+    names = ("muon_log10_energy", "muon_radius", "muon_log10_radius_n2-9")
+    for m in (*names, "muon_log10_radius_by_energy"):
+        assert fast[m] == pytest.approx(exact[m], rel=1e-9), m
+    # a pool larger than the grid: bins of several muons, still within a percent
+    rng = np.random.default_rng(3)
+    x, y = rng.exponential(20.0, 200000), rng.exponential(22.0, 200000)
+    small = MuonGrid.from_samples([_radii(x), _radii(y)], n_bins=4096)
+    codes = [small.digitise(_radii(v)).muon["code:radius"] for v in (x, y)]
+    assert small.w1("radius", *codes) == pytest.approx(wasserstein_1d(x, y), rel=0.01)
+
+
+def _radii(r):
+    n = len(r)
+    return EventSample.from_arrays(
+        np.tile([1e6, 0.0, 1.0, 1500.0], (n, 1)),
+        np.column_stack([np.ones(n), r, 0 * r]),
+        np.ones(n),
+    )

@@ -9,7 +9,7 @@ import torch
 from matplotlib.figure import Figure
 
 from muongen.errors import ConfigError
-from muongen.evaluate.validation import KEY_METRICS, Validator
+from muongen.evaluate.validation import KEY_METRICS, Validator, is_better
 
 
 def test_validator_scalars_and_figures(held_out, tiny_config, tiny_generator):
@@ -22,11 +22,14 @@ def test_validator_scalars_and_figures(held_out, tiny_config, tiny_generator):
     for m in KEY_METRICS:
         assert scalars[f"{m}_ratio"] == pytest.approx(scalars[m] / v.floor[m])
     assert scalars["max_ratio"] == max(scalars[f"{m}_ratio"] for m in KEY_METRICS)
+    # the evaluation's median and worst over every overall and binned metric
+    assert 0 < scalars["median_ratio"] <= scalars["worst_ratio"]
     assert scalars["multiplicity_ratio"] > 3  # the tiny model's constant 3 muons
     assert set(figures) == {"features", "multiplicity_vs_energy"}
     assert all(isinstance(f, Figure) for f in figures.values())
     again, _ = v.run(tiny_generator, step=20)
     assert again["muon_radius"] == scalars["muon_radius"]  # fixed noise seed
+    assert again["median_ratio"] == scalars["median_ratio"]
     assert not math.isnan(again["frechet_event"])
 
 
@@ -40,3 +43,11 @@ def test_validator_needs_events(tmp_path, tiny_config):
     )
     with pytest.raises(ConfigError, match="at least 4"):
         Validator([str(path)], tiny_config, "cpu")
+
+
+def test_best_checkpoint_rule():
+    assert is_better(1.4, None)  # the first finite value is the best so far
+    assert is_better(1.2, 1.4) and not is_better(1.4, 1.2)
+    assert not is_better(1.4, 1.4)  # a tie keeps the earlier checkpoint
+    assert not is_better(float("nan"), None) and not is_better(float("inf"), 3.0)
+    assert is_better(2.0, float("nan"))
