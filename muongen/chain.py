@@ -359,15 +359,20 @@ class _NodeRunner:
         own, so a Ctrl-C reaches it once, through this process, as a SIGTERM.
         """
         last: collections.deque[str] = collections.deque(maxlen=50)
-        self._proc = subprocess.Popen(
-            argv,
-            cwd=cwd,
-            env=env,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            text=True,
-            errors="replace",
-        )
+        try:
+            self._proc = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env=env,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                text=True,
+                errors="replace",
+            )
+        except OSError as exc:  # a --node-command that does not exist or cannot run
+            raise CampaignError(
+                f"cannot start the node command {argv[0]} ({exc.strerror}); check --node-command"
+            ) from None
         if self.stopped:  # a signal came while it started
             self._proc.send_signal(signal.SIGTERM)
         try:

@@ -267,7 +267,9 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise CheckpointError(f"checkpoint manifest {path} does not exist") from None
+        there = [m.name for m in list_checkpoints(path.parent)]
+        hint = f"; {path.parent} holds {', '.join(there)}" if there else ""
+        raise CheckpointError(f"checkpoint manifest {path} does not exist{hint}") from None
     except OSError as exc:
         raise CheckpointError(
             f"checkpoint manifest {path} cannot be read ({exc.strerror})"

@@ -142,6 +142,15 @@ def test_local_chain_stops_at_once_on_a_user_error(tmp_path, range_data, env):
     assert RANGES[1] not in progress
 
 
+def test_local_chain_names_a_node_command_that_cannot_start(tmp_path, range_data, env):
+    campaign = write_campaign(tmp_path, range_data)
+    command = chain_command(campaign, tmp_path / "work", "--node-command", "/no/such/node.sh")
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == C.EXIT_USER_ERROR
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("muongen chain: error: cannot start the node command /no/such/node.sh")
+
+
 def test_local_chain_retries_and_hands_checkpoints_on(tmp_path, range_data, env):
     campaign = write_campaign(tmp_path, range_data)
     # A node command that fails the first attempt of range 2, as a flaky execute node would.

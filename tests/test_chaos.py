@@ -186,7 +186,7 @@ def run_trial(chain: Chain, kills: list[Kill], rng: random.Random) -> Trial:
                     os.kill(seen[2], kill.signum)
                 if kill.target in ("chain", "both"):
                     proc.send_signal(kill.signum)
-            time.sleep(0.005)
+            time.sleep(0.01)  # phases last longer: every fsync in them is slowed
         trial.notes.append(f"run {chain.runs}: exit {proc.returncode}")
         if proc.returncode == 0:
             break

@@ -58,3 +58,17 @@ def test_checkpoints_the_readme_names_are_ones_the_demo_keeps():
     assert named, "the README names no demo checkpoint any more: update this test"
     for step in named:
         assert int(step) in kept, f"runs/demo/checkpoints/step-{step}: the demo keeps {kept}"
+
+
+def test_a_checkpoint_that_is_not_there_names_the_ones_that_are(tmp_path):
+    # After the demo, step-000000600 has long been rotated away: say what is there instead.
+    import torch
+
+    from muongen import checkpoint as ckpt
+    from muongen.errors import CheckpointError
+
+    for step in (2800, 3000):
+        ckpt.save({"w": torch.zeros(2)}, tmp_path, f"step-{step:09d}", step=step)
+    with pytest.raises(CheckpointError) as err:
+        ckpt.read_manifest(tmp_path / "step-000000600.json")
+    assert str(err.value).endswith("holds step-000002800.json, step-000003000.json")

@@ -78,6 +78,25 @@ class BadInputReport:
         for d in data.get("bad_events", []):
             self.bad_events(d["url"], d["events"], d["reason"], d.get("epoch", 0))
 
+    @classmethod
+    def merged(cls, parts: list[dict[str, Any]]) -> BadInputReport:
+        """One report from several ranks' :meth:`to_dict` results.
+
+        Each epoch deals every file to exactly one rank, so an entry met by two ranks was met
+        in two epochs: the earliest epoch's count is kept, as within one report.
+        """
+        entries = []
+        for part in parts:
+            entries += [(d.get("epoch", 0), "file", d) for d in part.get("bad_files", [])]
+            entries += [(d.get("epoch", 0), "events", d) for d in part.get("bad_events", [])]
+        out = cls()
+        for epoch, kind, d in sorted(entries, key=lambda e: e[0]):
+            if kind == "file":
+                out.bad_file(d["url"], d["reason"], epoch)
+            else:
+                out.bad_events(d["url"], d["events"], d["reason"], epoch)
+        return out
+
     def write(self, path: str | os.PathLike) -> None:
         """Write the report as JSON (atomically: a temporary file renamed into place)."""
         path = Path(path)

@@ -557,8 +557,13 @@ class Trainer:
 
     def _write_summary(self, seconds: float) -> None:
         unused = ddp.gather_objects(self.unused_tail_events, self.dist)  # collective
+        reports = ddp.gather_objects(self.report.to_dict(), self.dist)  # collective
         if not self.dist.is_main:
             return
+        if len(reports) > 1:  # bad_input.json covers every rank's files, each counted once
+            from muongen.data.report import BadInputReport
+
+            self.report = BadInputReport.merged(reports)
         c = self.counters
         summary = {
             "step": c.step,

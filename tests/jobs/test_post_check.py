@@ -147,6 +147,7 @@ def test_accepts_what_the_real_checkpoint_save_and_node_staging_write(tmp_path):
     saved = ckpt.save(state, tmp_path / "run", "step-000000321", step=321, range_name=RANGE)
     staged = ckpt.publish_once(saved, tmp_path / "scratch", RANGE, range_name=RANGE)
     required = runpy.run_path(str(SCRIPT))["MANIFEST_KEYS"]
+    assert sorted(required) == sorted(ckpt.MANIFEST_KEYS)  # both readers want the same keys
     assert set(required) <= set(json.loads(staged.manifest.read_text()))
     for manifest in (saved.manifest, staged.manifest):
         result = run(str(manifest), "--job-return", "0")
