@@ -459,17 +459,20 @@ def load_for_training(path: str | os.PathLike) -> tuple[Path, dict[str, Any]] | 
 
 def load_for_inference(path: str | os.PathLike, device: str | torch.device = "cpu"):
     """Generator and config from a checkpoint (.pt, .json or a checkpoint folder), for
-    sampling and evaluation.
+    sampling and evaluation. The generator carries the checkpoint's weight average
+    (``optim.ema_decay``) when it has one, else the trained weights.
 
     Returns:
         (generator in eval mode on ``device``, Config)
     """
     from muongen.config import from_dict
     from muongen.model import build_models
+    from muongen.model.ema import inference_weights
 
     manifest = resolve(path)
     payload = load(manifest)
     cfg = from_dict(payload["config"])
     generator, _ = build_models(cfg.model)
-    load_module(generator, payload["generator"], "generator", manifest)
+    weights, what = inference_weights(payload)
+    load_module(generator, weights, what, manifest)
     return generator.to(device).eval(), cfg

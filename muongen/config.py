@@ -105,10 +105,10 @@ class ModelConfig:
     lateral_centred: bool = True
     """xy representation: fix the standardiser's x and y mean at 0 (the azimuth is uniform)
     instead of fitting it, so the generator has no location to wander to."""
-    lateral_rotate: bool = False
-    """xy representation: turn each generated bundle by a uniform random azimuth (x and y
-    then have mean 0 and one marginal by construction, as the physics has). Off: on the
-    3000-step demo it fixed the x/y offset but the radii came out wider (one seed)."""
+    lateral_rotate: bool = True
+    """xy representation: turn each generated bundle by a uniform random azimuth, so the
+    generated bundles are exactly invariant under azimuthal rotation, as the physics is
+    (x and y have mean 0 and one marginal by construction, not by training)."""
 
 
 @dataclass
@@ -149,6 +149,9 @@ class OptimConfig:
     """Gradient norm penalised: per paired muon (the original's) or per event's paired set."""
     mult_weight: float = 1.0
     """Weight of the multiplicity loss in the generator loss (MSE, or NLL for lognormal)."""
+    ema_decay: float = 0.999
+    """Decay of the exponential moving average of the generator's weights that sampling,
+    evaluation and export use (warmed up as min(decay, (1 + t) / (10 + t)); 0: off)."""
 
 
 @dataclass

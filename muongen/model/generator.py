@@ -13,7 +13,10 @@ Three networks (design section 3):
   ``ModelConfig.max_generated_muons``;
 * global network ``[z_global, condition, log10(N + 1)] -> context`` (LayerNorm, LeakyReLU
   0.2), one context per event;
-* local network ``[context of its event, z_local] -> 128 -> 64 -> F`` per muon.
+* local network ``[context of its event, z_local] -> 128 -> 64 -> F`` per muon; its
+  first layer is computed split, the context part once per event and the noise part per
+  muon (:func:`muongen.model.layers.split_linear`), so a muon costs 16 inputs, not 272.
+  With fewer muons than events only events with muons reach the per-event networks.
 
 Conditions enter every network standardised and the local network's output is
 un-standardised (:mod:`muongen.model.normaliser`; the radial representation's r is

@@ -96,6 +96,7 @@ class Trainer:
         stop: StopRequest | None = None,
     ) -> None:
         from muongen.model import build_models
+        from muongen.model.ema import GeneratorEMA
 
         self.cfg = cfg
         self.run_dir = Path(run_dir)
@@ -146,6 +147,10 @@ class Trainer:
         differences = self._model_differences
         self.parts: dict[str, Any] = {}
         self.add_part("generator", Weights(self.generator, "generator", differences))
+        self.ema = None  # the generator's weight average, what sampling uses
+        if cfg.optim.ema_decay > 0:
+            self.ema = GeneratorEMA(self.generator, cfg.optim.ema_decay)
+            self.add_part("generator_ema", self.ema)  # after the generator: reset copies it
         self.add_part("critic", Weights(self.critic, "critic", differences))
         self.add_part("optim", self.step_fn)
         self.add_part("trainer", self.counters)
@@ -174,6 +179,11 @@ class Trainer:
     @step.setter
     def step(self, value: int) -> None:
         self.counters.step = value
+
+    @property
+    def sampler(self):
+        """The generator that sampling uses: the weight average when there is one."""
+        return self.generator if self.ema is None else self.ema.module
 
     @property
     def events_seen(self) -> int:
@@ -345,6 +355,8 @@ class Trainer:
             parts = batch.split_by_muons(self.cfg.data.max_muons_per_batch)
             micro = [self.to_features(m) for m in parts]
         out = self.step_fn(micro)
+        if self.ema is not None:
+            self.ema.update()
         self.audit.record(batch.keys)
         skipped = (out["skipped"] > 0).to(torch.int64)
         self._consecutive_skips = (self._consecutive_skips + 1) * skipped
@@ -454,7 +466,7 @@ class Trainer:
         if self.monitor.due(step, cfg.logging.hist_every):
             self._log_histograms(batch)
         if self.monitor.due(step, cfg.logging.val_every):
-            self.monitor.validate(step, self.generator)
+            self.monitor.validate(step, self.sampler)
         by_steps, by_time = self.checkpointer.due(step)
         (by_time,) = ddp.agree([int(by_time)], self.dist, self.device)
         if by_steps or by_time:
@@ -542,7 +554,7 @@ class Trainer:
         cum = torch.cumsum(batch.counts, 0)
         n_ev = max(1, int(torch.searchsorted(cum, torch.tensor(cap)).item()))
         real = self.to_features(batch.slice(0, min(n_ev, batch.n_events)))
-        self.monitor.histograms(self.step, real, self.generator)
+        self.monitor.histograms(self.step, real, self.sampler)
 
     def _profile(self, it, steps: int) -> None:
         from muongen.monitor.profiler import profile

@@ -109,7 +109,7 @@ def test_generator_rotates_each_bundle_rigidly():
     and energies are what the unrotated generator makes, x and y lose any offset."""
     torch.manual_seed(0)
     gen, _ = build_models(small_model_config(lateral_rotate=True))
-    plain, _ = build_models(small_model_config())  # default: no rotation
+    plain, _ = build_models(small_model_config(lateral_rotate=False))
     plain.load_state_dict(gen.state_dict())
     with torch.no_grad():
         gen.local_net[-1].bias[1:] += 0.5  # a location offset in x and y
