@@ -133,6 +133,32 @@ def test_onnx_file_matches_in_onnxruntime(small_checkpoint, tmp_path):
     np.testing.assert_allclose(muons, ref.muons.numpy(), rtol=1e-3, atol=1e-3)
 
 
+@torch.no_grad()
+def test_export_carries_the_ema_weights_when_the_checkpoint_has_them(tmp_path):
+    from muongen import checkpoint
+    from muongen.model.ema import STATE_VERSION
+
+    cfg = load_config(None, SMALL)
+    torch.manual_seed(0)
+    trained, _ = build_models(cfg.model)
+    averaged, _ = build_models(cfg.model)  # other weights: the stand-in average
+    for g in (trained, averaged):
+        g.multiplicity[-1].bias.fill_(0.8)
+    ema = {"version": STATE_VERSION, "updates": 5, "weights": averaged.state_dict()}
+    payload = {"config": cfg.to_dict(), "generator": trained.state_dict(), "generator_ema": ema}
+    saved = checkpoint.save(payload, tmp_path, "ema", step=5)
+    out = tmp_path / "gen.pt"
+    _export(saved.manifest, "torchscript", out)
+    loaded = torch.jit.load(str(out))
+    inputs = example_inputs(PhysicalGenerator(averaged), 50, 2000)
+    want = PhysicalGenerator(averaged.eval())(*inputs)
+    got = loaded(*inputs)
+    assert torch.equal(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-4)
+    other = PhysicalGenerator(trained.eval())(*inputs)
+    assert not torch.equal(other[0], want[0]) or not torch.allclose(other[1], want[1])
+
+
 def test_export_refuses_what_is_not_a_checkpoint(tmp_path):
     bad = tmp_path / "nothing.pt"
     bad.write_bytes(b"not a checkpoint")
