@@ -62,6 +62,32 @@ def counts_from_log_mult(log_mult: torch.Tensor, max_muons: int = 0) -> torch.Te
     return counts.clamp(max=max_muons) if max_muons > 0 else counts
 
 
+def events_with_muons(
+    cond: torch.Tensor, counts: torch.Tensor, n_muons: int, exact: bool | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The events that have muons, in order: (B', 4) conditions and (B',) counts.
+
+    Events without muons make nothing, so the per-event networks need not see them. On
+    the CPU B' is their exact number (reading it costs nothing there); elsewhere it is
+    min(B, N), known on the host without a sync (``nonzero_static``), and the rows past
+    the events with muons are padding: count 0, the first event's condition.
+
+    Args:
+        cond: (B, 4) conditions; counts: (B,) int64; n_muons: counts.sum().
+        exact: B' exact (True) or min(B, N) (False); None: exact on the CPU only.
+    """
+    b = counts.shape[0]
+    if exact is None:
+        exact = counts.device.type == "cpu"
+    size = int(torch.count_nonzero(counts)) if exact else min(b, n_muons)
+    if size == b:
+        return cond, counts
+    rows = torch.nonzero_static(counts, size=size, fill_value=-1).squeeze(-1)  # (B',)
+    keep = rows >= 0
+    rows = rows.clamp(min=0)
+    return cond[rows], torch.where(keep, counts[rows], 0)
+
+
 def _noise(shape: tuple, like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """Standard normal noise on ``like``'s device and dtype."""
     if generator is None:  # no generator= keyword: torch.compile traces this overload only
@@ -176,15 +202,8 @@ class Generator(nn.Module):
         """
         if n_muons is None:
             n_muons = int(counts.sum())
+        cond, counts = events_with_muons(cond, counts, n_muons)  # per-event nets: these
         b = cond.shape[0]
-        if 0 < n_muons < b:
-            # at most n_muons events have muons: the per-event nets run on those alone
-            # (nonzero_static: a size the host knows, so nothing is read back)
-            rows = torch.nonzero_static(counts, size=n_muons, fill_value=-1).squeeze(-1)
-            keep = rows >= 0  # (n_muons,) the padding rows get no muons
-            rows = rows.clamp(min=0)
-            cond, counts = cond[rows], torch.where(keep, counts[rows], 0)
-            b = n_muons
         log_n = torch.log10(counts.to(cond.dtype) + 1.0).unsqueeze(-1)  # (B, 1)
         z = _noise((b, self.z_global), cond, generator)
         c = self.cond_norm(cond)
@@ -203,7 +222,8 @@ class Generator(nn.Module):
             u = torch.rand((b,), device=muons.device, dtype=muons.dtype)
         else:
             u = torch.rand((b,), generator=generator, device=muons.device, dtype=muons.dtype)
-        angle = torch.repeat_interleave(2 * torch.pi * u, counts, output_size=n_muons)
-        cos, sin = torch.cos(angle), torch.sin(angle)
+        turn = torch.stack([torch.cos(2 * torch.pi * u), torch.sin(2 * torch.pi * u)], -1)
+        turn = torch.repeat_interleave(turn, counts, dim=0, output_size=n_muons)  # (N, 2)
+        cos, sin = turn[:, 0], turn[:, 1]  # per event, then repeated: cheaper than per muon
         x, y = muons[:, 1], muons[:, 2]
         return torch.stack([muons[:, 0], cos * x - sin * y, sin * x + cos * y], dim=1)

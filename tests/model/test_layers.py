@@ -7,6 +7,7 @@ import torch
 
 from muongen.model import build_models
 from muongen.model.critic import event_index_of
+from muongen.model.generator import events_with_muons
 from muongen.model.layers import split_linear
 from muongen.model.pooling import segment_max, segment_mean, segment_sum
 
@@ -97,3 +98,16 @@ def test_segment_sum_and_mean():
     torch.testing.assert_close(
         segment_mean(h, counts, index), torch.tensor([[1.0, 2], [0, 0], [6, 7]])
     )
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_events_with_muons_exact_or_padded_without_a_sync(exact):
+    counts = torch.tensor([0, 2, 0, 0, 1, 0, 1, 0])
+    cond = torch.arange(32.0).reshape(8, 4)
+    c, n = events_with_muons(cond, counts, 4, exact=exact)
+    if exact:  # the three events with muons
+        assert n.tolist() == [2, 1, 1] and torch.equal(c, cond[[1, 4, 6]])
+    else:  # min(B, N) = 4 rows: those three, then an empty padding row
+        assert n.tolist() == [2, 1, 1, 0] and torch.equal(c[:3], cond[[1, 4, 6]])
+    full = torch.tensor([1, 1])
+    assert events_with_muons(cond[:2], full, 2, exact=exact)[1] is full  # nothing to drop
