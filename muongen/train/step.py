@@ -342,7 +342,8 @@ class GanStep:
         b, n = mb.n_events, mb.n_muons
         if self.train_cfg.fake_counts != "real":
             return _Scored(mb, mb.conditions, mb.muons, mb.counts, mb.n_events, None)
-        cond, counts = events_with_muons(mb.conditions, mb.counts, n)
+        rows, counts = events_with_muons(mb.counts, n)
+        cond = mb.conditions if rows is None else mb.conditions[rows]
         return _Scored(mb, cond, mb.muons, counts, b, counts > 0)
 
     def _fake(self, mb: _Scored) -> tuple[torch.Tensor, torch.Tensor]:
