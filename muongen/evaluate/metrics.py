@@ -14,12 +14,14 @@
 ``muon_log10_energy_n<K>``      W1 of muon log10 E within bundles of N in multiplicity bin K
 ``muon_log10_radius_n<K>``      W1 of muon log10 r within bundles of N in multiplicity bin K
 ``muon_log10_radius_by_energy`` the energy-radius correlation: W1 of log10 r in decades of
-                                muon energy, averaged with the reference's muon counts
+                                muon energy (see :func:`radius_by_energy`)
 ==============================  ===========================================================
 
 The multiplicity bins K are fixed (``1``, ``2-9``, ``10-99``, ``100+`` muons per bundle) so
 that a metric means the same on every data set: the radial profile and the energy spectrum
 inside single muons, small, large and very large bundles, each with a floor of its own.
+Each muon weighs 1/N of its bundle there (the spectrum of a typical bundle of the bin): a
+pooled figure would follow the few largest bundles of the held-out set.
 Radii enter these in log10: a W1 in metres is ruled by the few far-out muons of rare
 showers, and its floor changes by half from one held-out set to the next. A
 bin a sample has no muons in gives NaN, like any metric without data on one side.
@@ -89,17 +91,24 @@ UNITS = {
 }
 
 
-def wasserstein_1d(a: np.ndarray, b: np.ndarray) -> float:
-    """1-D Wasserstein (earth mover's) distance of two samples (n,), (m,); NaNs dropped.
-
-    NaN when either side is empty.
+def wasserstein_1d(
+    a: np.ndarray,
+    b: np.ndarray,
+    wa: np.ndarray | None = None,
+    wb: np.ndarray | None = None,
+) -> float:
+    """1-D Wasserstein (earth mover's) distance of two samples (n,), (m,), optionally
+    weighted (wa (n,), wb (m,)); NaNs dropped. NaN when either side is empty.
     """
     a = np.asarray(a, dtype=np.float64).ravel()
     b = np.asarray(b, dtype=np.float64).ravel()
-    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+    fa, fb = np.isfinite(a), np.isfinite(b)
+    a, b = a[fa], b[fb]
     if a.size == 0 or b.size == 0:
         return float("nan")
-    return float(wasserstein_distance(a, b))
+    wa = None if wa is None else np.asarray(wa, dtype=np.float64).ravel()[fa]
+    wb = None if wb is None else np.asarray(wb, dtype=np.float64).ravel()[fb]
+    return float(wasserstein_distance(a, b, wa, wb))
 
 
 #: Key prefix of a muon observable's fine-bin codes in ``EventSample.muon`` (see MuonGrid).
@@ -158,18 +167,27 @@ class MuonGrid:
             codes[CODE_PREFIX + obs] = np.clip(idx, 0, len(e) - 2).astype(np.int32)
         return dataclasses.replace(sample, muon={**sample.muon, **codes})
 
-    def w1(self, obs: str, codes_a: np.ndarray, codes_b: np.ndarray) -> float:
-        """W1 of two samples given as bin codes (n,), (m,) of observable ``obs``; NaN if
-        either is empty. Few muons against many bins: sorting their bin positions is cheaper
-        than counting over every bin, and gives the same number."""
+    def w1(
+        self,
+        obs: str,
+        codes_a: np.ndarray,
+        codes_b: np.ndarray,
+        wa: np.ndarray | None = None,
+        wb: np.ndarray | None = None,
+    ) -> float:
+        """W1 of two samples given as bin codes (n,), (m,) of observable ``obs``, optionally
+        weighted (wa, wb); NaN if either is empty. Few muons against many bins: sorting
+        their bin positions is cheaper than counting over every bin, and gives the same
+        number."""
         if codes_a.size == 0 or codes_b.size == 0:
             return float("nan")
         points = self._points[obs]
         if 4 * (codes_a.size + codes_b.size) < len(points):
-            return wasserstein_1d(points[codes_a], points[codes_b])
+            return wasserstein_1d(points[codes_a], points[codes_b], wa, wb)
         n = len(points)
-        diff = np.bincount(codes_a, minlength=n) / codes_a.size
-        diff -= np.bincount(codes_b, minlength=n) / codes_b.size
+        ha = np.bincount(codes_a, weights=wa, minlength=n)
+        hb = np.bincount(codes_b, weights=wb, minlength=n)
+        diff = ha / ha.sum() - hb / hb.sum()
         return float(np.abs(np.cumsum(diff[:-1])) @ self._spacing[obs])
 
 
@@ -223,36 +241,50 @@ def muon_w1(
     grid: MuonGrid | None = None,
     sel_ref: np.ndarray | None = None,
     sel_other: np.ndarray | None = None,
+    per_bundle: bool = False,
 ) -> float:
     """W1 of muon observable ``obs`` between the selected muons (bool masks, None: all) of two
-    samples; from the grid's bin codes when both samples carry them, else exact."""
+    samples; from the grid's bin codes when both samples carry them, else exact. With
+    ``per_bundle`` each muon weighs 1/N of its bundle, so that every bundle counts once
+    (the spectrum of a typical bundle, not of the few largest)."""
+
+    def pick(sample: EventSample, key: str, sel: np.ndarray | None) -> np.ndarray:
+        return sample.muon[key] if sel is None else sample.muon[key][sel]
+
+    wa = 1.0 / pick(ref, BUNDLE_SIZE, sel_ref) if per_bundle else None
+    wb = 1.0 / pick(other, BUNDLE_SIZE, sel_other) if per_bundle else None
     key = CODE_PREFIX + obs
     if grid is not None and key in ref.muon and key in other.muon:
-        a, b = ref.muon[key], other.muon[key]
-        a, b = (a if sel_ref is None else a[sel_ref]), (b if sel_other is None else b[sel_other])
-        return grid.w1(obs, a, b)
-    a, b = ref.muon[obs], other.muon[obs]
-    a, b = (a if sel_ref is None else a[sel_ref]), (b if sel_other is None else b[sel_other])
-    return wasserstein_1d(a, b)
+        return grid.w1(obs, pick(ref, key, sel_ref), pick(other, key, sel_other), wa, wb)
+    return wasserstein_1d(pick(ref, obs, sel_ref), pick(other, obs, sel_other), wa, wb)
 
 
 def radius_by_energy(ref: EventSample, other: EventSample, grid: MuonGrid | None = None) -> float:
-    """Mean over decades of muon energy of the W1 of log10 r, weighted by ``ref``'s muons.
+    """The energy-radius correlation: W1 of log10 r in decades of muon energy.
 
-    A marginal radius W1 cannot see whether energetic muons sit near the core; this can.
-    Decades where either side has no muons are left out; NaN when none is left.
+    Within each bundle multiplicity bin, muons weigh 1/N of their bundle (as in the other
+    within-bundle metrics) and the W1 of each energy decade is weighted by ``ref``'s weight
+    in it; the multiplicity bins are then averaged with equal weights, so that the few
+    bundles of 100+ muons that hold most muons of muon-rich data (and make a pooled figure
+    swing from one held-out set to the next) do not rule it. A marginal
+    radius W1 cannot see whether energetic muons sit near the core; this can. Decades and
+    bins where either side has no muons are left out; NaN when none is left.
     """
     e_ref, e_other = ref.muon["log10_energy"], other.muon["log10_energy"]
-    values, weights = [], []
-    for lo, hi in itertools.pairwise(ENERGY_DECADES):
-        in_ref = (e_ref >= lo) & (e_ref < hi)
-        in_other = (e_other >= lo) & (e_other < hi)
-        if in_ref.any() and in_other.any():
-            values.append(muon_w1(ref, other, LOG10_RADIUS, grid, in_ref, in_other))
-            weights.append(in_ref.sum())
-    if not values:
-        return float("nan")
-    return float(np.average(values, weights=weights))
+    per_bin = []
+    for key in MULTIPLICITY_BINS:
+        in_ref_bin, in_other_bin = _in_multiplicity_bin(ref, key), _in_multiplicity_bin(other, key)
+        values, weights = [], []
+        for lo, hi in itertools.pairwise(ENERGY_DECADES):
+            in_ref = in_ref_bin & (e_ref >= lo) & (e_ref < hi)
+            in_other = in_other_bin & (e_other >= lo) & (e_other < hi)
+            if in_ref.any() and in_other.any():
+                w1 = muon_w1(ref, other, LOG10_RADIUS, grid, in_ref, in_other, per_bundle=True)
+                values.append(w1)
+                weights.append(np.sum(1.0 / ref.muon[BUNDLE_SIZE][in_ref]))
+        if values:
+            per_bin.append(np.average(values, weights=weights))
+    return float(np.mean(per_bin)) if per_bin else float("nan")
 
 
 def standardiser(sample: EventSample) -> tuple[np.ndarray, np.ndarray]:
@@ -292,7 +324,7 @@ def compute_metrics(
         elif name in W1_BUNDLE:
             obs, key = W1_BUNDLE[name]
             sel_ref, sel_other = _in_multiplicity_bin(ref, key), _in_multiplicity_bin(other, key)
-            out[name] = muon_w1(ref, other, obs, grid, sel_ref, sel_other)
+            out[name] = muon_w1(ref, other, obs, grid, sel_ref, sel_other, per_bundle=True)
         elif name == RADIUS_BY_ENERGY:
             out[name] = radius_by_energy(ref, other, grid)
         elif name == FRECHET:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 import math
 import time
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -51,6 +53,61 @@ def is_better(value: float, best: float | None) -> bool:
     if value is None or not math.isfinite(value):
         return False
     return best is None or not math.isfinite(best) or value < best
+
+
+class BestCheckpoint:
+    """Keeps the checkpoint with the best validation (lowest ``median_ratio``) as
+    ``<checkpoint dir>/best.pt`` + ``best.json``: a trainer part, so the best value so far
+    travels in every checkpoint and a resumed run only replaces the best with a better one.
+
+    A fresh start removes a ``best`` left by an earlier run in the folder; a resume removes
+    one that is not in the resumed run's past (written after the checkpoint resumed from).
+    """
+
+    NAME = "best"
+    follows_data = False  # the held-out files, not the training input, define it
+
+    def __init__(self, directory: str | Path) -> None:
+        self.dir = Path(directory)
+        self.value: float | None = None
+        self.step: int | None = None
+
+    def offer(self, scalars: dict[str, float] | None) -> bool:
+        """Whether a validation's scalars beat the best so far (None: no validation here)."""
+        return scalars is not None and is_better(scalars.get(BEST_BY), self.value)
+
+    def accept(self, scalars: dict[str, float], step: int) -> None:
+        """Record this validation at ``step`` as the best, before the state is saved with it."""
+        self.value, self.step = float(scalars[BEST_BY]), int(step)
+
+    def save(self, state: dict[str, Any], *, range_name: str | None = None) -> None:
+        """Write ``state`` (the trainer's, gathered after :meth:`accept`) as the best."""
+        from muongen import checkpoint as fmt
+
+        saved = fmt.save(state, self.dir, self.NAME, step=self.step, range_name=range_name)
+        log.info("best checkpoint %s (step %d, %s %.3g)", saved.pt, self.step, BEST_BY, self.value)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {BEST_BY: self.value, "step": self.step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.value, self.step = state.get(BEST_BY), state.get("step")
+        manifest = self.dir / f"{self.NAME}.json"
+        if manifest.exists():
+            from muongen import checkpoint as fmt
+
+            try:
+                step = fmt.read_manifest(manifest).get("step")
+            except Exception:  # a broken manifest is no best checkpoint either
+                step = None
+            if step != self.step:
+                log.warning("removing %s: not the best of the run continued here", manifest)
+                fmt.remove(manifest)
+
+    def reset(self) -> None:
+        self.value = self.step = None
+        for suffix in (".json", ".pt"):  # manifest first: a half-removed pair is never trusted
+            (self.dir / f"{self.NAME}{suffix}").unlink(missing_ok=True)
 
 
 class Validator:

@@ -183,10 +183,12 @@ class TrainingMonitor:
             log10_mult = torch.log10(counts.float() + 1).cpu().numpy()
             self.tb.histogram(step, f"hist/{tag}/log10_mult", log10_mult)
 
-    def validate(self, step: int, generator) -> None:
+    def validate(self, step: int, generator) -> dict[str, float] | None:
+        """Validate, log under ``val/``; returns the scalars (None where no validator runs)."""
         if self.validator is None:
-            return
+            return None
         scalars, figures = self.validator.run(generator, step)
         self.tb.scalars(step, {f"val/{k}": v for k, v in scalars.items()})
         for tag, fig in figures.items():
             self.tb.figure(step, f"val/{tag}", fig)
+        return scalars

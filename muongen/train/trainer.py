@@ -158,6 +158,12 @@ class Trainer:
         self.add_part("data", PerRank(self.data, dist))
         self.add_part("rng", PerRank(RngState(lambda: self._noise_seed(self.step)), dist))
         self.add_part("audit", PerRank(self.audit, dist))
+        self.best = None  # the best validation's checkpoint, kept when validation runs
+        if cfg.data.val_paths and cfg.logging.val_every:
+            from muongen.evaluate.validation import BestCheckpoint
+
+            self.best = BestCheckpoint(self.checkpointer.dir)
+            self.add_part("best", self.best)
 
         self._started = False
         self._consecutive_skips = torch.zeros((), dtype=torch.int64, device=self.device)
@@ -466,12 +472,25 @@ class Trainer:
         if self.monitor.due(step, cfg.logging.hist_every):
             self._log_histograms(batch)
         if self.monitor.due(step, cfg.logging.val_every):
-            self.monitor.validate(step, self.sampler)
+            self._keep_best(self.monitor.validate(step, self.sampler))
         by_steps, by_time = self.checkpointer.due(step)
         (by_time,) = ddp.agree([int(by_time)], self.dist, self.device)
         if by_steps or by_time:
             self.save_checkpoint()
         return it
+
+    def _keep_best(self, scalars: dict[str, float] | None) -> None:
+        """Save the state as the best checkpoint when this validation's median ratio beats
+        the best so far (rank 0 validates and writes; every rank gathers the state)."""
+        if self.best is None:
+            return
+        (better,) = ddp.agree([int(self.best.offer(scalars))], self.dist, self.device)
+        if better:
+            if scalars is not None:
+                self.best.accept(scalars, self.step)
+            state = self.state_dict()
+            if self.dist.is_main:
+                self.best.save(state, range_name=self.checkpointer.range_name)
 
     def save_checkpoint(self) -> fmt.Saved | None:
         """Write a checkpoint of the current state (rank 0 writes; every rank must call)."""

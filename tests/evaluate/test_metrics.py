@@ -145,6 +145,12 @@ def test_radial_profile_and_spectrum_in_multiplicity_bins_known_answers():
     d = compute_metrics(big, _bundles([(120, 6.0, 1.0)]))
     assert d["muon_log10_radius_n100+"] == pytest.approx(np.log10(1.5))
     assert math.isnan(d["muon_log10_radius_n1"])
+    # every bundle counts once: a bundle of 2 at 100 GeV and one of 8 at 1 TeV match the
+    # swapped pair (pooled muons would differ by 0.6 dex)
+    d = compute_metrics(
+        _bundles([(2, 1.0, 2.0), (8, 1.0, 3.0)]), _bundles([(2, 1.0, 3.0), (8, 1.0, 2.0)])
+    )
+    assert d["muon_log10_energy_n2-9"] == pytest.approx(0.0, abs=1e-12)
     # the model has no bundles of 2-9 where the data do: no value there (-> no model output)
     d = compute_metrics(real, _bundles([(1, 1.0, 2.0)] * 7))
     assert math.isnan(d["muon_log10_radius_n2-9"]) and d["muon_log10_radius_n1"] == 0.0
@@ -163,6 +169,12 @@ def test_energy_radius_correlation_sees_what_the_marginals_miss():
     oth = _bundles([(1, 2.0, 0.5)] * 5 + [(1, 7.0, 2.5)])
     by_energy = compute_metrics(ref, oth)["muon_log10_radius_by_energy"]
     assert by_energy == pytest.approx(0.75 * np.log10(2.0))
+    # multiplicity bins count equally: 1 bundle of 50 muons (off by log10 2) and 50 single
+    # muons (exact) give half of log10 2, however many muons each holds
+    ref = _bundles([(1, 1.0, 0.5)] * 50 + [(50, 1.0, 0.5)])
+    oth = _bundles([(1, 1.0, 0.5)] * 50 + [(50, 2.0, 0.5)])
+    by_energy = compute_metrics(ref, oth)["muon_log10_radius_by_energy"]
+    assert by_energy == pytest.approx(0.5 * np.log10(2.0))
 
 
 def test_grid_w1_is_exact_for_small_pools_and_close_for_large_ones(toy):

@@ -51,3 +51,26 @@ def test_best_checkpoint_rule():
     assert not is_better(1.4, 1.4)  # a tie keeps the earlier checkpoint
     assert not is_better(float("nan"), None) and not is_better(float("inf"), 3.0)
     assert is_better(2.0, float("nan"))
+
+
+def test_best_checkpoint_part_saves_resumes_and_forgets(tmp_path):
+    from muongen import checkpoint as fmt
+    from muongen.evaluate.validation import BestCheckpoint
+
+    best = BestCheckpoint(tmp_path)
+    assert best.offer({"median_ratio": 3.0}) and not best.offer(None)
+    best.accept({"median_ratio": 3.0}, 10)
+    best.save({"weights": torch.zeros(2), "best": best.state_dict()})
+    assert fmt.read_manifest(tmp_path / "best.json")["step"] == 10
+    assert not best.offer({"median_ratio": 3.5}) and best.offer({"median_ratio": 2.0})
+    # a resume keeps the best that belongs to its past and knows its value
+    again = BestCheckpoint(tmp_path)
+    again.load_state_dict({"median_ratio": 3.0, "step": 10})
+    assert (tmp_path / "best.json").exists() and not again.offer({"median_ratio": 3.0})
+    # one written after the checkpoint resumed from is not the continued run's: removed
+    again.load_state_dict({"median_ratio": 4.0, "step": 5})
+    assert not (tmp_path / "best.json").exists() and not (tmp_path / "best.pt").exists()
+    # a fresh start forgets any best left in the folder
+    best.save({"best": best.state_dict()})
+    best.reset()
+    assert best.value is None and not list(tmp_path.glob("best.*"))

@@ -298,3 +298,13 @@ def test_periodic_validation_reaches_tensorboard(tiny_config, tiny_data, tmp_pat
     assert val, "no validation scalars"
     assert all(steps == [5, 10] for steps in ([s for s, _ in v] for v in val.values()))
     assert any(tag.startswith("val/") for tag in read_tags(tmp_path / "r" / "tb")["images"])
+    # the best checkpoint is the validation with the lowest median ratio, kept as best.*
+    medians = dict(val["val/median_ratio"])
+    best_step = min(medians, key=lambda s: (medians[s], s))
+    from muongen import checkpoint as fmt
+
+    manifest = tmp_path / "r" / "checkpoints" / "best.json"
+    assert fmt.read_manifest(manifest)["step"] == best_step
+    payload = fmt.load(manifest)
+    assert payload["best"] == {"median_ratio": pytest.approx(medians[best_step]), "step": best_step}
+    assert t.best.value == pytest.approx(medians[best_step])
