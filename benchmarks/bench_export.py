@@ -1,7 +1,7 @@
 """Exported generators: file sizes, load times, and bundles/s against `muongen sample`.
 
     python benchmarks/bench_export.py CHECKPOINT [--events 20000] [--batch 4096]
-                                      [--repeat 3] [--threads 1]
+                                      [--repeat 3] [--threads 1] [--noise-per-event 64]
 
 Exports CHECKPOINT as TorchScript and ONNX (``muongen export``), times loading each file
 (``torch.jit.load``, ``onnxruntime.InferenceSession``), then generates bundles for the
@@ -48,14 +48,16 @@ def best(fn, repeat: int) -> tuple[float, object]:
     return min(times), out
 
 
-def run_exported(call, module: PhysicalGenerator, cond: torch.Tensor, batch: int) -> int:
-    """Generate for all ``cond`` ``batch`` at a time; noise for up to 64 muons per event,
-    with a second call for a batch that needs more (the documented protocol)."""
+def run_exported(
+    call, module: PhysicalGenerator, cond: torch.Tensor, batch: int, per_event: int
+) -> int:
+    """Generate for all ``cond`` ``batch`` at a time; noise for ``per_event`` muons per
+    event, with a second call for a batch that needs more (the documented protocol)."""
     g = torch.Generator().manual_seed(0)
     muons = 0
     for start in range(0, len(cond), batch):
         c = cond[start : start + batch]
-        event, muon = noise_inputs(module, len(c), 64 * len(c), generator=g)
+        event, muon = noise_inputs(module, len(c), per_event * len(c), generator=g)
         counts, out = call(c, event, muon)
         n = int(counts.sum())
         if n > muon.shape[0]:
@@ -72,6 +74,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4096)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--noise-per-event", type=int, default=64, help="muon-noise rows drawn per event"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     import onnxruntime as ort
@@ -116,8 +121,12 @@ def main() -> None:
         with torch.inference_mode():
             runs = {
                 "muongen sample (eager)": ours,
-                "torchscript": lambda: run_exported(scripted, module, cond, args.batch),
-                "onnxruntime": lambda: run_exported(onnx_call, module, cond, args.batch),
+                "torchscript": lambda: run_exported(
+                    scripted, module, cond, args.batch, args.noise_per_event
+                ),
+                "onnxruntime": lambda: run_exported(
+                    onnx_call, module, cond, args.batch, args.noise_per_event
+                ),
             }
             for name, fn in runs.items():
                 fn()  # warm-up

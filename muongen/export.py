@@ -44,6 +44,7 @@ from torch import nn
 from muongen import __version__, schema
 from muongen.errors import ConfigError
 from muongen.model.generator import LOG_STD_MAX, LOG_STD_MIN
+from muongen.model.layers import split_linear
 
 HELP = "write the generator (with its standardisers) as one TorchScript or ONNX file"
 FORMATS = ("torchscript", "onnx")
@@ -96,13 +97,8 @@ class PhysicalGenerator(nn.Module):
         rows = torch.remainder(torch.cumsum(torch.ones_like(event_of), 0) - 1, muon_noise.shape[0])
         noise = muon_noise.index_select(0, rows)  # (N, Zl + 1)
         # the local net's first layer on [context, z_local], split exactly: the context part
-        # once per event, the noise part per muon (per-muon cost independent of the width)
-        first = self.local_net[0]
-        width = context.shape[1]
-        per_event = nn.functional.linear(context, first.weight[:, :width], first.bias)  # (B, H)
-        hidden = torch.addmm(
-            per_event.index_select(0, event_of), noise[:, :zl], first.weight[:, width:].t()
-        )  # (N, H)
+        # once per event, the noise part per muon (as the generator computes it)
+        hidden = split_linear(self.local_net[0], context, noise[:, :zl], counts, event_of)
         out = self.local_net[1:](hidden)  # (N, F) standardised
         feat = self.muon_norm.inverse(out)  # (N, F) features
         energy = schema.ENERGY_SCALE_GEV * torch.pow(10.0, feat[:, 0])
@@ -172,26 +168,35 @@ def noise_inputs(
 
 
 def sampler_noise(
-    module: PhysicalGenerator, n_events: int, seed: int, counts_of=None
+    module: PhysicalGenerator, n_events: int, seed: int, counts_of
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The noise ``muongen sample --seed`` draws for one batch, in the export's layout.
 
-    ``counts_of(event_noise)`` gives the batch's counts (the per-muon draws depend on how
-    many muons there are), e.g. ``lambda ev: module(cond, ev, muon_noise_stub)[0]``.
+    ``counts_of(event_noise)`` gives the batch's counts (they depend on column 0 only; the
+    later draws depend on how many muons there are), e.g.
+    ``lambda ev: module(cond, ev, muon_noise_stub)[0]``. Mirrors the generator's order of
+    draws: multiplicity (B,), context (B, Zg) (only (N, Zg), for the events with muons
+    and then padding, when 0 < N < B), per-muon (N, Zl), then the rotation (one per
+    context row) or the azimuths (N,).
     """
     zg, zl = module.z_global, module.z_local
     rng = torch.Generator().manual_seed(seed)
     event = torch.zeros((n_events, 2 + zg))
     if module.multiplicity_spread is not None:
         event[:, 0] = torch.randn((n_events,), generator=rng)
-    event[:, 1 : 1 + zg] = torch.randn((n_events, zg), generator=rng)
-    n = int(counts_of(event).sum())
+    counts = counts_of(event)
+    n = int(counts.sum())
+    # the rows the generator's context was computed for: every event, or (0 < N < B) the
+    # events with muons first, then padding rows whose draws are not used
+    rows = torch.arange(n_events) if not 0 < n < n_events else torch.nonzero(counts)[:, 0]
+    n_rows = n_events if not 0 < n < n_events else n
+    event[rows, 1 : 1 + zg] = torch.randn((n_rows, zg), generator=rng)[: len(rows)]
     muon = torch.zeros((max(n, 1), zl + 1))
     muon[:n, :zl] = torch.randn((n, zl), generator=rng)
     if module.representation == "radial":
         muon[:n, zl] = torch.rand((n,), generator=rng)
     elif module.rotate:
-        event[:, 1 + zg] = torch.rand((n_events,), generator=rng)
+        event[rows, 1 + zg] = torch.rand((n_rows,), generator=rng)[: len(rows)]
     return event, muon
 
 

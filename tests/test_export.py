@@ -60,15 +60,18 @@ def _loaded(checkpoint):
     return generator, PhysicalGenerator(generator).eval()
 
 
+@pytest.mark.parametrize("log_mult", [0.8, -0.3])  # ~5 muons per event; fewer muons than events
 @torch.no_grad()
-def test_physical_generator_replays_muongens_sampler(small_checkpoint):
+def test_physical_generator_replays_muongens_sampler(small_checkpoint, log_mult):
     generator, module = _loaded(small_checkpoint)
+    generator.multiplicity[-1].bias.fill_(log_mult)  # (shared with the export's module)
     cond = example_inputs(module, 40)[0]
     stub = torch.zeros(1, module.z_local + 1)
     event, muon = sampler_noise(module, 40, 7, lambda ev: module(cond, ev, stub)[0])
     counts, muons = module(cond, event, muon)
     ref = generate(generator, cond, seed=7)
-    assert counts.sum() > 40  # muons were made, so the comparison means something
+    n = int(counts.sum())
+    assert n > 40 if log_mult > 0.5 else 0 < n < 40  # both of the generator's paths
     assert torch.equal(counts, ref.counts)
     torch.testing.assert_close(muons, ref.muons, rtol=1e-5, atol=1e-4)
 
@@ -128,6 +131,32 @@ def test_onnx_file_matches_in_onnxruntime(small_checkpoint, tmp_path):
     ref = generate(generator, cond, seed=11)  # muongen's own sampler, same seed
     np.testing.assert_array_equal(counts, ref.counts.numpy())
     np.testing.assert_allclose(muons, ref.muons.numpy(), rtol=1e-3, atol=1e-3)
+
+
+@torch.no_grad()
+def test_export_carries_the_ema_weights_when_the_checkpoint_has_them(tmp_path):
+    from muongen import checkpoint
+    from muongen.model.ema import STATE_VERSION
+
+    cfg = load_config(None, SMALL)
+    torch.manual_seed(0)
+    trained, _ = build_models(cfg.model)
+    averaged, _ = build_models(cfg.model)  # other weights: the stand-in average
+    for g in (trained, averaged):
+        g.multiplicity[-1].bias.fill_(0.8)
+    ema = {"version": STATE_VERSION, "updates": 5, "weights": averaged.state_dict()}
+    payload = {"config": cfg.to_dict(), "generator": trained.state_dict(), "generator_ema": ema}
+    saved = checkpoint.save(payload, tmp_path, "ema", step=5)
+    out = tmp_path / "gen.pt"
+    _export(saved.manifest, "torchscript", out)
+    loaded = torch.jit.load(str(out))
+    inputs = example_inputs(PhysicalGenerator(averaged), 50, 2000)
+    want = PhysicalGenerator(averaged.eval())(*inputs)
+    got = loaded(*inputs)
+    assert torch.equal(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-4)
+    other = PhysicalGenerator(trained.eval())(*inputs)
+    assert not torch.equal(other[0], want[0]) or not torch.allclose(other[1], want[1])
 
 
 def test_export_refuses_what_is_not_a_checkpoint(tmp_path):
