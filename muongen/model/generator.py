@@ -62,6 +62,35 @@ def counts_from_log_mult(log_mult: torch.Tensor, max_muons: int = 0) -> torch.Te
     return counts.clamp(max=max_muons) if max_muons > 0 else counts
 
 
+def events_with_muons(
+    counts: torch.Tensor, n_muons: int, exact: bool | None = None
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The events that have muons, in order: their rows (B',) and counts (B',).
+
+    Events without muons make nothing, so the per-event networks need not see them. On
+    the CPU B' is their exact number (reading it costs nothing there); elsewhere it is
+    min(B, N), known on the host without a sync (``nonzero_static``), and the rows past
+    the events with muons are padding: count 0, row 0.
+
+    Args:
+        counts: (B,) int64; n_muons: counts.sum().
+        exact: B' exact (True) or min(B, N) (False); None: exact on the CPU only.
+
+    Returns:
+        rows (None when every event is kept) and the kept events' counts.
+    """
+    b = counts.shape[0]
+    if exact is None:
+        exact = counts.device.type == "cpu"
+    size = int(torch.count_nonzero(counts)) if exact else min(b, n_muons)
+    if size == b:
+        return None, counts
+    rows = torch.nonzero_static(counts, size=size, fill_value=-1).squeeze(-1)  # (B',)
+    keep = rows >= 0
+    rows = rows.clamp(min=0)
+    return rows, torch.where(keep, counts[rows], 0)
+
+
 def _noise(shape: tuple, like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """Standard normal noise on ``like``'s device and dtype."""
     if generator is None:  # no generator= keyword: torch.compile traces this overload only
@@ -176,17 +205,14 @@ class Generator(nn.Module):
         """
         if n_muons is None:
             n_muons = int(counts.sum())
-        b = cond.shape[0]
-        if 0 < n_muons < b:
-            # at most n_muons events have muons: the per-event nets run on those alone
-            # (nonzero_static: a size the host knows, so nothing is read back)
-            rows = torch.nonzero_static(counts, size=n_muons, fill_value=-1).squeeze(-1)
-            keep = rows >= 0  # (n_muons,) the padding rows get no muons
-            rows = rows.clamp(min=0)
-            cond, counts = cond[rows], torch.where(keep, counts[rows], 0)
-            b = n_muons
+        # noise is drawn for every event, so a seed gives the same muons whichever events
+        # the per-event nets skip (and the same as the exported generator's noise layout)
+        n_events = cond.shape[0]
+        z = _noise((n_events, self.z_global), cond, generator)
+        rows, counts = events_with_muons(counts, n_muons)
+        if rows is not None:  # the per-event nets see only events with muons
+            cond, z = cond[rows], z[rows]
         log_n = torch.log10(counts.to(cond.dtype) + 1.0).unsqueeze(-1)  # (B, 1)
-        z = _noise((b, self.z_global), cond, generator)
         c = self.cond_norm(cond)
         context = self.global_net(torch.cat([z, c, log_n], dim=-1))  # (B, C)
         # the local net's first layer on [context, z_local], split exactly: its context
@@ -200,10 +226,13 @@ class Generator(nn.Module):
         # the azimuth is uniform: turn each event's bundle rigidly by a random angle, so
         # x and y have mean 0 and the same marginal by construction (no drift to learn)
         if generator is None:  # as in _noise: torch.compile traces this overload only
-            u = torch.rand((b,), device=muons.device, dtype=muons.dtype)
+            u = torch.rand((n_events,), device=muons.device, dtype=muons.dtype)
         else:
-            u = torch.rand((b,), generator=generator, device=muons.device, dtype=muons.dtype)
-        angle = torch.repeat_interleave(2 * torch.pi * u, counts, output_size=n_muons)
-        cos, sin = torch.cos(angle), torch.sin(angle)
+            u = torch.rand((n_events,), generator=generator, device=muons.device, dtype=muons.dtype)
+        if rows is not None:
+            u = u[rows]
+        turn = torch.stack([torch.cos(2 * torch.pi * u), torch.sin(2 * torch.pi * u)], -1)
+        turn = torch.repeat_interleave(turn, counts, dim=0, output_size=n_muons)  # (N, 2)
+        cos, sin = turn[:, 0], turn[:, 1]  # per event, then repeated: cheaper than per muon
         x, y = muons[:, 1], muons[:, 2]
         return torch.stack([muons[:, 0], cos * x - sin * y, sin * x + cos * y], dim=1)

@@ -35,6 +35,7 @@ from torch import nn
 from muongen.config import OptimConfig, TrainConfig
 from muongen.data.batch import RaggedBatch
 from muongen.errors import ConfigError
+from muongen.model.generator import events_with_muons
 from muongen.model.losses import (
     critic_loss,
     generator_loss,
@@ -97,10 +98,11 @@ class _Scored:
     With the real counts (``train.fake_counts = "real"``) an event without muons is empty
     in the real and in the fake set alike: it scores the same in both, so it cancels in the
     critic's loss and carries no gradient to the generator. Only events with muons are
-    scored then, at most N of the B events, found with ``nonzero_static`` (padded with
-    empty rows, masked out); losses stay sums over the scored events / B, i.e. the means
-    over the batch that the original computes. At the production multiplicity (most events
-    empty) this removes most of the per-event work of the generator and the critic.
+    scored then (:func:`muongen.model.generator.events_with_muons`; on an accelerator at
+    most N of the B events, padded with empty rows that are masked out); losses stay sums
+    over the scored events / B, i.e. the means over the batch that the original computes.
+    At the production multiplicity (most events empty) this removes most of the per-event
+    work of the generator and the critic.
     With the predicted counts every event is scored.
     """
 
@@ -340,13 +342,8 @@ class GanStep:
         b, n = mb.n_events, mb.n_muons
         if self.train_cfg.fake_counts != "real":
             return _Scored(mb, mb.conditions, mb.muons, mb.counts, mb.n_events, None)
-        cond, counts = mb.conditions, mb.counts
-        if n < b:
-            # at most n events have muons; nonzero_static: a size the host knows, no sync
-            rows = torch.nonzero_static(counts, size=n, fill_value=-1).squeeze(-1)  # (n,)
-            keep = rows >= 0  # the padding rows get no muons
-            rows = rows.clamp(min=0)
-            cond, counts = cond[rows], torch.where(keep, counts[rows], 0)
+        rows, counts = events_with_muons(mb.counts, n)
+        cond = mb.conditions if rows is None else mb.conditions[rows]
         return _Scored(mb, cond, mb.muons, counts, b, counts > 0)
 
     def _fake(self, mb: _Scored) -> tuple[torch.Tensor, torch.Tensor]:

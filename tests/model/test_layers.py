@@ -7,6 +7,7 @@ import torch
 
 from muongen.model import build_models
 from muongen.model.critic import event_index_of
+from muongen.model.generator import events_with_muons
 from muongen.model.layers import split_linear
 from muongen.model.pooling import segment_max, segment_mean, segment_sum
 
@@ -30,11 +31,13 @@ def test_split_linear_equals_the_unsplit_layer():
 
 
 def test_generator_local_net_is_the_split_of_the_unsplit_net():
-    """The generator's muons are local_net([context of the event, z_local]) exactly."""
+    """The generator's muons are local_net([context of the event, z_local]) exactly, with
+    its per-event nets skipping the events without muons (half of them here)."""
     torch.manual_seed(0)
     gen, _ = build_models(small_model_config(lateral_rotate=False))
     cond = torch.randn(20, 4)
-    counts = random_counts(20, torch.Generator().manual_seed(1), max_count=5, empty=0.0)
+    counts = random_counts(20, torch.Generator().manual_seed(1), max_count=5, empty=0.5)
+    assert (counts == 0).sum() >= 5
     n = int(counts.sum())
     out = gen.generate_with_counts(cond, counts, n, generator=torch.Generator().manual_seed(2))
     # redo it unsplit with the same noise draws (z_global, then z_local)
@@ -46,24 +49,6 @@ def test_generator_local_net_is_the_split_of_the_unsplit_net():
     rows = torch.cat([torch.repeat_interleave(context, counts, dim=0), z_local], -1)
     plain = gen.muon_norm.inverse(gen.local_net(rows))
     assert (out - plain).abs().max() < 1e-6
-
-
-def test_generator_skips_empty_events_without_changing_the_others():
-    """With fewer muons than events only events with muons reach the per-event nets; with
-    one muon per such event the noise draws line up, so the muons are those made from the
-    events with muons alone."""
-    torch.manual_seed(0)
-    gen, _ = build_models(small_model_config())
-    cond = torch.randn(30, 4)
-    counts = (torch.rand(30, generator=torch.Generator().manual_seed(3)) < 0.4).long()
-    n = int(counts.sum())
-    assert 0 < n < 30
-    sparse = gen.generate_with_counts(cond, counts, n, generator=torch.Generator().manual_seed(4))
-    has = counts > 0
-    dense = gen.generate_with_counts(
-        cond[has], counts[has], n, generator=torch.Generator().manual_seed(4)
-    )
-    torch.testing.assert_close(sparse, dense, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("ties", [False, True])
@@ -97,3 +82,15 @@ def test_segment_sum_and_mean():
     torch.testing.assert_close(
         segment_mean(h, counts, index), torch.tensor([[1.0, 2], [0, 0], [6, 7]])
     )
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_events_with_muons_exact_or_padded_without_a_sync(exact):
+    counts = torch.tensor([0, 2, 0, 0, 1, 0, 1, 0])
+    rows, n = events_with_muons(counts, 4, exact=exact)
+    if exact:  # the three events with muons
+        assert n.tolist() == [2, 1, 1] and rows.tolist() == [1, 4, 6]
+    else:  # min(B, N) = 4 rows: those three, then an empty padding row
+        assert n.tolist() == [2, 1, 1, 0] and rows.tolist()[:3] == [1, 4, 6]
+    full = torch.tensor([1, 1])
+    assert events_with_muons(full, 2, exact=exact) == (None, full)  # nothing to drop

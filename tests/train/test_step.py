@@ -271,8 +271,8 @@ def test_m_loss_follows_the_multiplicity_mode(mode):
 
 @pytest.mark.parametrize("critic", ["pointnet", "epic"])
 def test_scoring_only_events_with_muons_keeps_the_batch_means(critic):
-    """With the real counts the critic scores only events with muons (fewer muons than
-    events here, so padded rows too); c_loss, w_gap and the critic's gradient are still
+    """With the real counts the critic scores only events with muons (most are empty
+    here); c_loss, w_gap and the critic's gradient are still
     those of mean D(fake) - mean D(real) over all B events, empty ones included."""
     gen, crit = small_models(critic=critic, critic_global_width=16)
     batch = toy_batch(40, torch.Generator().manual_seed(3))
