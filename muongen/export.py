@@ -175,28 +175,22 @@ def sampler_noise(
     ``counts_of(event_noise)`` gives the batch's counts (they depend on column 0 only; the
     later draws depend on how many muons there are), e.g.
     ``lambda ev: module(cond, ev, muon_noise_stub)[0]``. Mirrors the generator's order of
-    draws: multiplicity (B,), context (B, Zg) (only (N, Zg), for the events with muons
-    and then padding, when 0 < N < B), per-muon (N, Zl), then the rotation (one per
-    context row) or the azimuths (N,).
+    draws: multiplicity (B,), context (B, Zg) (for every event, also those the generator's
+    per-event nets skip), per-muon (N, Zl), then the rotation (B,) or the azimuths (N,).
     """
     zg, zl = module.z_global, module.z_local
     rng = torch.Generator().manual_seed(seed)
     event = torch.zeros((n_events, 2 + zg))
     if module.multiplicity_spread is not None:
         event[:, 0] = torch.randn((n_events,), generator=rng)
-    counts = counts_of(event)
-    n = int(counts.sum())
-    # the rows the generator's context was computed for: every event, or (0 < N < B) the
-    # events with muons first, then padding rows whose draws are not used
-    rows = torch.arange(n_events) if not 0 < n < n_events else torch.nonzero(counts)[:, 0]
-    n_rows = n_events if not 0 < n < n_events else n
-    event[rows, 1 : 1 + zg] = torch.randn((n_rows, zg), generator=rng)[: len(rows)]
+    n = int(counts_of(event).sum())
+    event[:, 1 : 1 + zg] = torch.randn((n_events, zg), generator=rng)
     muon = torch.zeros((max(n, 1), zl + 1))
     muon[:n, :zl] = torch.randn((n, zl), generator=rng)
     if module.representation == "radial":
         muon[:n, zl] = torch.rand((n,), generator=rng)
     elif module.rotate:
-        event[rows, 1 + zg] = torch.rand((n_rows,), generator=rng)[: len(rows)]
+        event[:, 1 + zg] = torch.rand((n_events,), generator=rng)
     return event, muon
 
 
