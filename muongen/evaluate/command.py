@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from matplotlib.figure import Figure
 
 from muongen import __version__
 from muongen.data.batch import RaggedBatch
-from muongen.errors import ConfigError
+from muongen.errors import ConfigError, MuongenError
 from muongen.evaluate import plots, report
 from muongen.evaluate.baseline import baseline_for
 from muongen.evaluate.features import CONDITION_VARIABLES, EventSample, shower_groups
@@ -183,17 +184,28 @@ def make_figures(samples: dict[str, EventSample], result: dict[str, Any]) -> dic
 
 
 def write_outputs(
-    out_dir: str | Path, result: dict[str, Any], figures: dict[str, Figure]
-) -> dict[str, Path]:
-    """metrics.json, the PNGs and report.md in ``out_dir``; returns their paths."""
+    out_dir: str | Path,
+    result: dict[str, Any],
+    figures: Callable[[], dict[str, Figure]],
+) -> tuple[dict[str, Path], str | None]:
+    """metrics.json, the PNGs and report.md in ``out_dir``.
+
+    metrics.json is written first, so the figures (drawn by ``figures()``) cannot cost the
+    metrics: when drawing fails, report.md is written without plots and the reason is
+    returned. Returns the paths and that reason (None when every plot was written).
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    pngs = plots.save_figures(figures, out_dir)
-    return {
-        "metrics": report.write_metrics_json(out_dir / "metrics.json", result),
-        "report": report.write_report(out_dir / "report.md", result, pngs),
-        **{p.stem: p for p in pngs},
-    }
+    paths = {"metrics": report.write_metrics_json(out_dir / "metrics.json", result)}
+    failed = None
+    try:
+        pngs = plots.save_figures(figures(), out_dir)
+    except Exception as exc:
+        log.debug("plotting failed", exc_info=True)
+        pngs, failed = [], f"{type(exc).__name__}: {exc}"
+    paths["report"] = report.write_report(out_dir / "report.md", result, pngs)
+    paths.update({p.stem: p for p in pngs})
+    return paths, failed
 
 
 def _checkpoint_meta(path: str) -> dict[str, Any]:
@@ -236,9 +248,15 @@ def run(args: argparse.Namespace) -> int:
         "device": str(device),
         "seed": args.seed,
     }
-    paths = write_outputs(args.out, result, make_figures(samples, result))
+    paths, failed = write_outputs(args.out, result, lambda: make_figures(samples, result))
     print(report.summary_table(result))
     print()
     print(report.headline(result))
     print(f"wrote {paths['metrics']}, {paths['report']} and {len(paths) - 2} plots in {args.out}")
+    if failed:
+        raise MuongenError(
+            f"the plots could not be drawn ({failed}); {paths['metrics']} and "
+            f"{paths['report']} are complete. Reinstall muongen with its dependencies "
+            "(pip install -e .) and run evaluate again for the plots"
+        )
     return 0

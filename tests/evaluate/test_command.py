@@ -90,3 +90,25 @@ def test_evaluate_cli_user_errors(tmp_path, tiny_checkpoint, held_out, capsys):
     argv = ["evaluate", "--checkpoint", str(tiny_checkpoint), "--data", str(tmp_path / "nothing")]
     assert main([*argv, "--out", str(tmp_path / "o"), "--device", "cpu"]) != 0
     assert "nothing" in capsys.readouterr().err
+
+
+def test_evaluate_keeps_the_metrics_when_the_plots_fail(
+    tmp_path, tiny_checkpoint, held_out, capsys, monkeypatch
+):
+    """A plotting failure (e.g. a missing style package) costs the plots, not the metrics."""
+    from muongen.evaluate import plots
+
+    def broken(*args, **kwargs):
+        raise ModuleNotFoundError("No module named 'mplhep'")
+
+    monkeypatch.setattr(plots, "feature_figures", broken)
+    out = tmp_path / "eval"
+    argv = ["evaluate", "--checkpoint", str(tiny_checkpoint), "--data", str(held_out)]
+    code = main([*argv, "--out", str(out), "--n-splits", "2", "--device", "cpu"])
+    assert code != 0
+    err = capsys.readouterr().err
+    assert "plots could not be drawn" in err and "mplhep" in err and "metrics.json" in err
+    data = json.loads((out / "metrics.json").read_text())
+    assert data["summary"]["median_ratio"] > 0
+    assert "| metric" in (out / "report.md").read_text()
+    assert not list(out.glob("*.png"))
