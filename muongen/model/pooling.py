@@ -7,12 +7,12 @@ An event without rows pools to 0 (the critic replaces those rows by a learned fi
 Both reductions are written for the critic's training step, which differentiates them
 twice (the gradient penalty). ``segment_sum`` is an ``index_add`` (backward: a row gather).
 ``segment_max`` finds the maxima without autograd (the forward of ``scatter_reduce(amax)``,
-~15x faster on the CPU than ``segment_reduce``) and returns the sum of the rows that attain them, each weighted by 1 / (number of
-rows attaining it): the value is the maximum, and the gradient reaches the maximal row(s),
-split evenly between ties, as ``scatter_reduce(amax)``'s does. Its backward and double
-backward are row gathers and index_adds, where ``scatter_reduce``'s own amax backward
-compares, counts and divides through scattered N x H indices (half of the original
-training step's time on the CPU).
+~15x faster on the CPU than ``segment_reduce``) and returns the sum of the rows that attain
+them, each weighted by 1 / (number of rows attaining it): the value is the maximum, and
+the gradient reaches the maximal row(s), split evenly between ties, as
+``scatter_reduce(amax)``'s does. Its backward and double backward are row gathers and
+index_adds, where ``scatter_reduce``'s own amax backward compares, counts and divides
+through scattered N x H indices (half of the original training step's time on the CPU).
 """
 
 from __future__ import annotations
