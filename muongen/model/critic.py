@@ -89,11 +89,13 @@ class Critic(nn.Module):
         if event_index is None:
             event_index = event_index_of(counts, muons.shape[0])
         cond = self.cond_norm(cond)
-        h = self.muon_net(torch.cat([muons, cond.index_select(0, event_index)], dim=-1))  # (N, H)
+        x = torch.cat([muons, cond.index_select(0, event_index)], dim=-1)  # (N, F + 4)
         if self.pooling == "amax":
-            pooled = segment_max(h, counts, event_index)  # (B, H)
+            # the last activation is increasing, so it commutes with the maximum: applied
+            # to the (B, H) maxima instead of the (N, H) rows, same value and gradient
+            pooled = self.muon_net[-1](segment_max(self.muon_net[:-1](x), counts, event_index))
         else:
-            pooled = segment_mean(h, counts, event_index)
+            pooled = segment_mean(self.muon_net(x), counts, event_index)  # (B, H)
         pooled = torch.where((counts > 0).unsqueeze(-1), pooled, self.empty_fill.to(pooled.dtype))
         return self.head(torch.cat([pooled, cond.to(pooled.dtype)], dim=-1)).squeeze(-1)
 

@@ -58,3 +58,38 @@ def test_empty_events_use_the_learned_fill():
     with torch.no_grad():
         critic.empty_fill.add_(1.0)
     assert not torch.allclose(critic(none, cond, counts), before)
+
+
+def test_amax_critic_pools_before_its_last_activation_exactly(ragged):
+    """The increasing last activation is applied to the maxima, not the rows: the score and
+    its gradients (first and second order, as the penalty takes them) equal the textbook
+    order, activation then maximum."""
+    from muongen.model.critic import event_index_of
+    from muongen.model.pooling import segment_max
+
+    torch.manual_seed(0)
+    _, critic = build_models(small_model_config(pooling="amax"))
+    cond, muons, counts = ragged(b=30, max_count=7, seed=8)
+    muons = critic.muon_norm(muons).detach().requires_grad_(True)
+
+    def textbook(x):
+        ei = event_index_of(counts, x.shape[0])
+        c = critic.cond_norm(cond)
+        h = critic.muon_net(torch.cat([x, c.index_select(0, ei)], -1))
+        pooled = torch.where(
+            (counts > 0).unsqueeze(-1), segment_max(h, counts, ei), critic.empty_fill
+        )
+        return critic.head(torch.cat([pooled, cond], -1)).squeeze(-1)
+
+    got, want = critic.score(muons, cond, counts), textbook(muons)
+    torch.testing.assert_close(got, want)
+    (g1,) = torch.autograd.grad(got.sum(), muons, create_graph=True)
+    (g2,) = torch.autograd.grad(want.sum(), muons, create_graph=True)
+    torch.testing.assert_close(g1, g2)
+    p1 = torch.autograd.grad(g1.pow(2).sum(), list(critic.parameters()), allow_unused=True)
+    p2 = torch.autograd.grad(g2.pow(2).sum(), list(critic.parameters()), allow_unused=True)
+    for a, b in zip(p1, p2):
+        if a is None or b is None:
+            assert a is None and b is None
+        else:
+            torch.testing.assert_close(a, b)
