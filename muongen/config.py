@@ -80,18 +80,21 @@ class ModelConfig:
     local_hidden: list[int] = field(default_factory=lambda: [128, 64])
     """Hidden widths of the generator's per-muon network."""
     critic_muon_hidden: list[int] = field(default_factory=lambda: [64, 128])
-    """Hidden widths of the critic's per-muon network."""
+    """Pointnet critic: hidden widths of its per-muon network."""
     critic_head_hidden: list[int] = field(default_factory=lambda: [128, 64])
-    """Hidden widths of the critic's event-level head."""
+    """Pointnet critic: hidden widths of its event-level head."""
     pooling: Literal["amax", "mean"] = "amax"
     """How the pointnet critic pools muons per event."""
-    critic: Literal["pointnet", "epic"] = "pointnet"
-    """The critic: pointnet = the original's (per-muon MLP, one pooling, event head);
-    epic = EPiC-style (muons and their event exchange information in residual layers)."""
+    critic: Literal["pointnet", "epic"] = "epic"
+    """The critic: epic (default) = EPiC-style, muons and their event exchange information
+    in residual layers, so it judges the distribution inside a bundle (at the demo's
+    settings, on two seeds, median ratio to the floor 2.3-2.5 against 3.3-3.8 and worst
+    10-12 against 28-33 for pointnet); pointnet = the original's (per-muon MLP, one
+    pooling, event head)."""
     critic_local_width: int = 32
     """EPiC critic: width of each muon's vector."""
-    critic_global_width: int = 128
-    """EPiC critic: width of each event's vector."""
+    critic_global_width: int = 64
+    """EPiC critic: width of each event's vector (128 measured no better, and slower)."""
     critic_layers: int = 2
     """EPiC critic: muon <-> event exchange layers."""
     max_generated_muons: int = 20000

@@ -18,6 +18,8 @@ def small_model_config(**changes) -> ModelConfig:
         local_hidden=[32, 16],
         critic_muon_hidden=[16, 32],
         critic_head_hidden=[32, 16],
+        critic_local_width=8,
+        critic_global_width=16,
     )
     base.update(changes)
     return ModelConfig(**base)

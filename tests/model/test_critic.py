@@ -18,7 +18,11 @@ def _shuffle_within_events(muons, counts, seed):
     return muons[order], order
 
 
-CRITICS = [dict(pooling="amax"), dict(pooling="mean"), dict(critic="epic", critic_global_width=24)]
+CRITICS = [
+    dict(critic="pointnet", pooling="amax"),
+    dict(critic="pointnet", pooling="mean"),
+    dict(critic="epic", critic_global_width=24),
+]
 
 
 @pytest.mark.parametrize("critic_cfg", CRITICS, ids=["amax", "mean", "epic"])
@@ -47,7 +51,7 @@ def test_events_are_scored_independently(critic_cfg, ragged):
 
 def test_empty_events_use_the_learned_fill():
     torch.manual_seed(0)
-    _, critic = build_models(small_model_config())
+    _, critic = build_models(small_model_config(critic="pointnet"))
     cond = torch.randn(3, 4)
     counts = torch.zeros(3, dtype=torch.int64)
     none = torch.zeros(0, 3)
@@ -68,7 +72,7 @@ def test_amax_critic_pools_before_its_last_activation_exactly(ragged):
     from muongen.model.pooling import segment_max
 
     torch.manual_seed(0)
-    _, critic = build_models(small_model_config(pooling="amax"))
+    _, critic = build_models(small_model_config(critic="pointnet", pooling="amax"))
     cond, muons, counts = ragged(b=30, max_count=7, seed=8)
     muons = critic.muon_norm(muons).detach().requires_grad_(True)
 

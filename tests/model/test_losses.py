@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from muongen.model import build_models
@@ -44,9 +45,10 @@ def _missing_grads(module):
     return [n for n, p in module.named_parameters() if p.grad is None or not p.grad.any()]
 
 
-def test_gradients_reach_every_parameter(ragged):
+@pytest.mark.parametrize("kind", ["epic", "pointnet"])
+def test_gradients_reach_every_parameter(ragged, kind):
     torch.manual_seed(0)
-    gen, critic = build_models(small_model_config())
+    gen, critic = build_models(small_model_config(critic=kind))
     cond, real, counts = ragged(b=16, seed=1)
     assert (counts == 0).any() and (counts > 0).any()
 
@@ -71,4 +73,5 @@ def test_gradients_reach_every_parameter(ragged):
     # the penalty alone is differentiable through the critic's per-muon network
     critic.zero_grad()
     gradient_penalty(critic, cond, real, counts, fake, fake_counts).backward()
-    assert critic.muon_net[0].weight.grad.abs().sum() > 0
+    first = critic.muon_net[0] if kind == "pointnet" else critic.embed
+    assert first.weight.grad.abs().sum() > 0

@@ -39,7 +39,11 @@ def _pair_batch(seed: int, b: int = 24, n_features: int = 3):
 @pytest.mark.parametrize("norm", ["muon", "event"])
 @pytest.mark.parametrize(
     "critic_cfg",
-    [dict(pooling="amax"), dict(pooling="mean"), dict(critic="epic", critic_global_width=24)],
+    [
+        dict(critic="pointnet", pooling="amax"),
+        dict(critic="pointnet", pooling="mean"),
+        dict(critic="epic", critic_global_width=24),
+    ],
     ids=["amax", "mean", "epic"],
 )
 def test_vectorised_equals_reference(seed, norm, critic_cfg):
