@@ -107,6 +107,8 @@ class Trainer:
         self.device = resolve_device(cfg.train.device)
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
+        if self.device.type == "cpu" and cfg.train.cpu_threads > 0:
+            torch.set_num_threads(cfg.train.cpu_threads)
         if self.device.type == "cuda":
             torch.cuda.set_device(dist.local_rank)
             self.device = torch.device("cuda", dist.local_rank)

@@ -308,3 +308,24 @@ def test_periodic_validation_reaches_tensorboard(tiny_config, tiny_data, tmp_pat
     payload = fmt.load(manifest)
     assert payload["best"] == {"median_ratio": pytest.approx(medians[best_step]), "step": best_step}
     assert t.best.value == pytest.approx(medians[best_step])
+
+
+def test_cpu_threads_sets_torchs_thread_count(tiny_config, tmp_path):
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        Trainer(tiny_config(train__cpu_threads=1), tmp_path / "one")
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(2)
+        Trainer(tiny_config(train__cpu_threads=0), tmp_path / "default")
+        assert torch.get_num_threads() == 2  # 0 leaves the count as it was
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_negative_cpu_threads_is_a_config_error():
+    from muongen.config import load_config
+    from muongen.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"train\.cpu_threads"):
+        load_config("demo", ["train.cpu_threads=-1"])
