@@ -38,7 +38,7 @@ from torch import nn
 
 from muongen import schema
 from muongen.config import ModelConfig
-from muongen.model.layers import leaky_relu, mlp, split_linear
+from muongen.model.layers import leaky_relu, leaky_relu_inplace, mlp, split_linear
 from muongen.model.normaliser import Standardiser, muon_standardiser
 
 #: bounds of the predicted log standard deviation of log10(N + 1) (numerical safety)
@@ -134,8 +134,12 @@ class Generator(nn.Module):
             activation=leaky_relu,
             layer_norm=True,
         )
+        # in-place activations: the per-muon rows are the sampler's biggest tensors
         self.local_net = mlp(
-            cfg.context + cfg.z_local, cfg.local_hidden, self.n_features, activation=leaky_relu
+            cfg.context + cfg.z_local,
+            cfg.local_hidden,
+            self.n_features,
+            activation=leaky_relu_inplace,
         )
 
     def log_multiplicity(self, cond: torch.Tensor) -> torch.Tensor:

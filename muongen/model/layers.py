@@ -41,6 +41,12 @@ def leaky_relu() -> nn.Module:
     return nn.LeakyReLU(0.2)
 
 
+def leaky_relu_inplace() -> nn.Module:
+    """LeakyReLU(0.2) overwriting its input: for layers whose pre-activation nothing else
+    reads (a positive slope lets autograd differentiate it from its output)."""
+    return nn.LeakyReLU(0.2, inplace=True)
+
+
 def split_linear(
     linear: nn.Linear,
     per_event: torch.Tensor,
@@ -70,4 +76,6 @@ def split_linear(
         rows = torch.repeat_interleave(event_part, counts, dim=0, output_size=per_muon.shape[0])
     else:
         rows = event_part.index_select(0, event_index)  # (N, H)
-    return torch.addmm(rows, per_muon, linear.weight[:, width:].t())
+    # in place: ``rows`` is a fresh tensor (and the gather's backward does not need it),
+    # so the per-muon product accumulates into it instead of into a copy of it
+    return rows.addmm_(per_muon, linear.weight[:, width:].t())

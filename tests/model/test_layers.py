@@ -30,6 +30,33 @@ def test_split_linear_equals_the_unsplit_layer():
     assert (f32.double() - plain).abs().max() < 1e-5
 
 
+def test_split_linear_gradients_equal_the_unsplit_layer_to_second_order():
+    """split_linear accumulates in place into the gathered rows: autograd must see the
+    same function (first and second derivatives, as the critic's penalty takes them)."""
+    gen = torch.Generator().manual_seed(1)
+    counts = random_counts(30, gen, max_count=6)
+    n = int(counts.sum())
+    linear = torch.nn.Linear(8 + 3, 5).double()
+    per_event = torch.randn(30, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    per_muon = torch.randn(n, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    index = event_index_of(counts, n)
+
+    def split(e, m):
+        return torch.tanh(split_linear(linear, e, m, counts, index))
+
+    def plain(e, m):
+        return torch.tanh(linear(torch.cat([e[index], m], -1)))
+
+    torch.testing.assert_close(split(per_event, per_muon), plain(per_event, per_muon))
+    assert torch.autograd.gradcheck(split, (per_event, per_muon))
+    assert torch.autograd.gradgradcheck(split, (per_event, per_muon))
+    (g1,) = torch.autograd.grad(split(per_event, per_muon).sum(), per_muon, create_graph=True)
+    (g2,) = torch.autograd.grad(plain(per_event, per_muon).sum(), per_muon, create_graph=True)
+    w1 = torch.autograd.grad(g1.pow(2).sum(), linear.weight)[0]
+    w2 = torch.autograd.grad(g2.pow(2).sum(), linear.weight)[0]
+    torch.testing.assert_close(w1, w2)
+
+
 def test_generator_local_net_is_the_split_of_the_unsplit_net():
     """The generator's muons are local_net([context of the event, z_local]) exactly, with
     its per-event nets skipping the events without muons (half of them here)."""
