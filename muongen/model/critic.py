@@ -16,6 +16,8 @@ the pooled width (initialised to zero). Nothing like -1e9 ever reaches the head.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -32,29 +34,13 @@ def event_index_of(counts: torch.Tensor, n_muons: int) -> torch.Tensor:
     return torch.repeat_interleave(events, counts, output_size=n_muons)
 
 
-class Critic(nn.Module):
-    """Wasserstein critic of ragged muon sets (features)."""
+class _SetCritic(nn.Module):
+    """What both critics share: ``forward`` standardises the muons and calls the
+    subclass's ``score(muons, cond, counts, event_index)``, which takes standardised
+    muons (where the training step computes the gradient penalty)."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.n_features = schema.muon_feature_dim(cfg.representation)
-        self.pooling = cfg.pooling
-        nc = schema.N_CONDITION
-        self.cond_norm = Standardiser(nc)
-        self.muon_norm = muon_standardiser(cfg)
-        width = cfg.critic_muon_hidden[-1]
-        self.muon_net = mlp(
-            self.n_features + nc,
-            cfg.critic_muon_hidden,
-            None,
-            activation=leaky_relu,
-            layer_norm=True,
-        )
-        self.empty_fill = nn.Parameter(torch.zeros(width))
-        # no output bias: a constant offset cancels in every WGAN loss and in the GP
-        self.head = mlp(
-            width + nc, cfg.critic_head_hidden, 1, activation=leaky_relu, out_bias=False
-        )
+    muon_norm: nn.Module
+    score: Callable[..., torch.Tensor]
 
     def forward(
         self,
@@ -78,6 +64,31 @@ class Critic(nn.Module):
         """
         return self.score(self.muon_norm(muons), cond, counts, event_index)
 
+
+class Critic(_SetCritic):
+    """Wasserstein critic of ragged muon sets (features)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_features = schema.muon_feature_dim(cfg.representation)
+        self.pooling = cfg.pooling
+        nc = schema.N_CONDITION
+        self.cond_norm = Standardiser(nc)
+        self.muon_norm = muon_standardiser(cfg)
+        width = cfg.critic_muon_hidden[-1]
+        self.muon_net = mlp(
+            self.n_features + nc,
+            cfg.critic_muon_hidden,
+            None,
+            activation=leaky_relu,
+            layer_norm=True,
+        )
+        self.empty_fill = nn.Parameter(torch.zeros(width))
+        # no output bias: a constant offset cancels in every WGAN loss and in the GP
+        self.head = mlp(
+            width + nc, cfg.critic_head_hidden, 1, activation=leaky_relu, out_bias=False
+        )
+
     def score(
         self,
         muons: torch.Tensor,
@@ -100,7 +111,7 @@ class Critic(nn.Module):
         return self.head(torch.cat([pooled, cond.to(pooled.dtype)], dim=-1)).squeeze(-1)
 
 
-class EpicCritic(nn.Module):
+class EpicCritic(_SetCritic):
     """An EPiC-style critic (Buhmann et al., "EPiC-GAN", 2023): muons and their event talk.
 
     Each muon gets a narrow per-muon vector phi (width L), each event a wide vector g
@@ -129,16 +140,6 @@ class EpicCritic(nn.Module):
         self.layers = nn.ModuleList(_EpicLayer(local, wide, nc) for _ in range(cfg.critic_layers))
         # no output bias: a constant offset cancels in every WGAN loss and in the GP
         self.head = mlp(wide + nc, [wide], 1, activation=leaky_relu, out_bias=False)
-
-    def forward(
-        self,
-        muons: torch.Tensor,
-        cond: torch.Tensor,
-        counts: torch.Tensor,
-        event_index: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Score each event; arguments as :meth:`Critic.forward`. Returns (B,) scores."""
-        return self.score(self.muon_norm(muons), cond, counts, event_index)
 
     def score(
         self,
