@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from tiny import TINY as TINY_BASE
 
 from muongen import checkpoint as ckpt
 from muongen.chain import NodeSpec, node_config
@@ -25,26 +26,9 @@ pytestmark = pytest.mark.integration
 RANGES = ["0000000-0000999", "0001000-0001999", "0002000-0002999"]
 FILES_PER_RANGE = 2
 EVENTS_PER_FILE = 150
-BATCH = 32
 TINY = [
-    f"data.batch_events={BATCH}",
-    "data.shuffle_buffer_events=128",
-    "data.max_muons_per_event=1000000",
-    "model.z_global=8",
-    "model.z_local=4",
-    "model.context=32",
-    "model.mult_hidden=[16]",
-    "model.local_hidden=[16]",
-    "model.critic_muon_hidden=[16]",
-    "model.critic_head_hidden=[16]",
-    "optim.n_critic=1",
-    "optim.gp_max_pairs=64",
-    "train.device=cpu",
-    "train.log_every=5",
+    *TINY_BASE,
     "checkpoint.every_steps=3",
-    "checkpoint.every_minutes=0",
-    "logging.hist_every=0",
-    "logging.gpu_monitor=false",
     "logging.progress=plain",
     "logging.audit_events=true",
 ]

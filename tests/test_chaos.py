@@ -38,6 +38,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from tiny import TINY as TINY_BASE
 
 from muongen import checkpoint as ckpt
 from submit import constants as C
@@ -49,25 +50,9 @@ FILES_PER_RANGE = 2
 EVENTS_PER_FILE = 150
 NODE = Path(__file__).with_name("chaos_node.py")
 TINY = [
-    "data.batch_events=32",
-    "data.shuffle_buffer_events=128",
-    "data.max_muons_per_event=1000000",
-    "model.z_global=8",
-    "model.z_local=4",
-    "model.context=32",
-    "model.mult_hidden=[16]",
-    "model.local_hidden=[16]",
-    "model.critic_muon_hidden=[16]",
-    "model.critic_head_hidden=[16]",
-    "optim.n_critic=1",
-    "optim.gp_max_pairs=64",
-    "train.device=cpu",
+    *TINY_BASE,
     "train.deterministic=true",
-    "train.log_every=5",
     "checkpoint.every_steps=2",
-    "checkpoint.every_minutes=0",
-    "logging.hist_every=0",
-    "logging.gpu_monitor=false",
     "logging.progress=plain",
     "logging.audit_events=true",
 ]

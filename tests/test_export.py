@@ -23,6 +23,8 @@ SMALL = [
     "model.local_hidden=[16]",
     "model.critic_muon_hidden=[8]",
     "model.critic_head_hidden=[8]",
+    "model.critic_local_width=8",
+    "model.critic_global_width=8",
 ]
 
 

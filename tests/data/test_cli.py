@@ -123,6 +123,8 @@ def test_strict_train_stops_and_bad_input_json_names_the_file(tmp_path, capsys):
         "model.local_hidden=[8]",
         "model.critic_muon_hidden=[8]",
         "model.critic_head_hidden=[8]",
+        "model.critic_local_width=8",
+        "model.critic_global_width=8",
         "optim.n_critic=1",
         "train.device=cpu",
         "train.max_steps=1000",

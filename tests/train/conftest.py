@@ -36,6 +36,8 @@ def tiny_overrides(data: Path, **extra) -> list[str]:
         "model.local_hidden": "[32]",
         "model.critic_muon_hidden": "[16, 32]",
         "model.critic_head_hidden": "[32]",
+        "model.critic_local_width": "8",
+        "model.critic_global_width": "16",
         "optim.n_critic": 2,
         "optim.schedule": "constant",  # epoch-bounded runs have no step horizon
         "optim.gp_max_pairs": 64,

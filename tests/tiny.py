@@ -1,0 +1,26 @@
+"""The tiny model and batch the chain tests train (test_chain.py, test_chaos.py): seconds per
+range on a CPU. Config overrides as ``--set`` strings; each test adds its own."""
+
+BATCH = 32
+
+TINY = [
+    f"data.batch_events={BATCH}",
+    "data.shuffle_buffer_events=128",
+    "data.max_muons_per_event=1000000",
+    "model.z_global=8",
+    "model.z_local=4",
+    "model.context=32",
+    "model.mult_hidden=[16]",
+    "model.local_hidden=[16]",
+    "model.critic_local_width=8",
+    "model.critic_global_width=16",
+    "model.critic_muon_hidden=[16]",
+    "model.critic_head_hidden=[16]",
+    "optim.n_critic=1",
+    "optim.gp_max_pairs=64",
+    "train.device=cpu",
+    "train.log_every=5",
+    "checkpoint.every_minutes=0",
+    "logging.hist_every=0",
+    "logging.gpu_monitor=false",
+]
