@@ -89,8 +89,8 @@ class ModelConfig:
     """The critic: epic (default) = EPiC-style, muons and their event exchange information
     in residual layers, so it judges the distribution inside a bundle; pointnet = the
     original's (per-muon MLP, one pooling, event head). Measured (README, "The critic"):
-    the quality preset at 5500 steps on two seeds, median ratio to the floor 2.03-2.29 and worst 9.9-14.7
-    with epic (1 layer) against 2.10-2.45 and 11.7-26.5 with pointnet."""
+    the quality preset at 5500 steps on two seeds, median ratio to the floor 2.03-2.29
+    and worst 9.9-14.7 with epic (1 layer) against 2.10-2.45 and 11.7-26.5 with pointnet."""
     critic_local_width: int = 32
     """EPiC critic: width of each muon's vector."""
     critic_global_width: int = 64
