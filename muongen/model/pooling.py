@@ -36,7 +36,7 @@ def segment_max(h: torch.Tensor, counts: torch.Tensor, event_index: torch.Tensor
     b = counts.shape[0]
     if h.shape[0] == 0:
         return h.new_zeros(b, h.shape[1])
-    return _SegmentMax.apply(h, event_index, b)
+    return _SegmentMax.apply(h, event_index, counts)
 
 
 class _SegmentMax(torch.autograd.Function):
@@ -47,21 +47,42 @@ class _SegmentMax(torch.autograd.Function):
     ``grad[event] * weight``, is written in differentiable operations, so the double
     backward of the gradient penalty goes through it (an index_add of ``weight``-scaled
     rows), and its derivative with respect to ``h`` is 0 as for any piecewise-linear max.
+    On the CPU, when no (event, channel) has two rows at its maximum (the usual case for
+    continuous features), the weight is the boolean mask of the maximal rows itself: the
+    tie count's three (N, H) passes and the float mask are skipped (~10% of the training
+    step at 3 muons per event).
     """
 
     @staticmethod
-    def forward(ctx, h: torch.Tensor, event_index: torch.Tensor, b: int) -> torch.Tensor:
+    def forward(ctx, h: torch.Tensor, event_index: torch.Tensor, counts: torch.Tensor):
         # scatter_reduce's forward is fast (its amax backward is the slow part, unused);
         # an event without rows keeps the 0 it starts from (include_self=False)
+        b = counts.shape[0]
         rows = event_index.unsqueeze(1).expand(-1, h.shape[1])
         top = h.new_zeros(b, h.shape[1]).scatter_reduce_(0, rows, h, "amax", include_self=False)
         hit = h == top.index_select(0, event_index)  # (N, H) rows at the max
-        ties = segment_sum(hit.to(h.dtype), event_index, b)  # (B, H), >= 1 where rows
-        weight = hit * ties.clamp(min=1.0).reciprocal().index_select(0, event_index)
+        if h.device.type == "cpu" and _no_ties(hit, counts):
+            weight = hit  # one row per (event, channel) at its max: weight 1 there, 0 else
+        else:
+            ties = segment_sum(hit.to(h.dtype), event_index, b)  # (B, H), >= 1 where rows
+            weight = hit * ties.clamp(min=1.0).reciprocal().index_select(0, event_index)
         ctx.save_for_backward(weight, event_index)
         return top
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         weight, event_index = ctx.saved_tensors
-        return grad.index_select(0, event_index) * weight, None, None
+        rows = grad.index_select(0, event_index)
+        if weight.dtype == torch.bool:  # no ties: select, with no cast of the mask
+            return torch.where(weight, rows, 0.0), None, None
+        return rows * weight, None, None
+
+
+def _no_ties(hit: torch.Tensor, counts: torch.Tensor) -> bool:
+    """Whether every (event with rows, channel) has exactly one row at its maximum.
+
+    Each such pair has at least one, so the total number of hits equals their number
+    exactly when none has two. Read on the host: free on the CPU (the only caller), where
+    it spares the tie count's (N, H) passes; elsewhere the tie count runs on the device.
+    """
+    return int(hit.sum()) == int(torch.count_nonzero(counts)) * hit.shape[1]

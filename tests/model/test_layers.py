@@ -9,7 +9,7 @@ from muongen.model import build_models
 from muongen.model.critic import event_index_of
 from muongen.model.generator import events_with_muons
 from muongen.model.layers import split_linear
-from muongen.model.pooling import segment_max, segment_mean, segment_sum
+from muongen.model.pooling import _no_ties, segment_max, segment_mean, segment_sum
 
 from .conftest import random_counts, small_model_config
 
@@ -99,6 +99,22 @@ def test_segment_max_equals_scatter_amax_value_and_gradient(ties):
     torch.testing.assert_close(g_ours, g_ref)
     if not ties:  # twice differentiable, as the gradient penalty needs (away from ties)
         assert torch.autograd.gradgradcheck(lambda x: segment_max(x, counts, index) ** 2, (h,))
+
+
+def test_segment_max_takes_the_tie_free_path_only_without_ties():
+    counts = torch.tensor([2, 0, 3])
+    index = event_index_of(counts, 5)
+    distinct = torch.tensor([[1.0, 5], [2, 4], [0, 1], [3, 2], [1, 0]])
+    tied = distinct.clone()
+    tied[4, 0] = 3.0  # event 2, channel 0: rows 3 and 4 both at the maximum 3
+    for h, free in ((distinct, True), (tied, False)):
+        top = segment_max(h, counts, index)
+        assert _no_ties(h == top.index_select(0, index), counts) is free
+    # the tied channel's gradient is shared by its two rows, the others go to one row
+    h = tied.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(segment_max(h, counts, index).sum(), h)
+    assert grad[:, 0].tolist() == [0.0, 1.0, 0.0, 0.5, 0.5]
+    assert grad[:, 1].tolist() == [1.0, 0.0, 0.0, 1.0, 0.0]
 
 
 def test_segment_sum_and_mean():
