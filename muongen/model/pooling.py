@@ -49,8 +49,8 @@ class _SegmentMax(torch.autograd.Function):
     rows), and its derivative with respect to ``h`` is 0 as for any piecewise-linear max.
     On the CPU, when no (event, channel) has two rows at its maximum (the usual case for
     continuous features), the weight is the boolean mask of the maximal rows itself: the
-    tie count's three (N, H) passes and the float mask are skipped (~10% of the training
-    step at 3 muons per event).
+    tie count's three (N, H) passes and the float mask are skipped (~10% of the shared
+    bench's training step at 3 muons per event).
     """
 
     @staticmethod
@@ -81,8 +81,9 @@ class _SegmentMax(torch.autograd.Function):
 def _no_ties(hit: torch.Tensor, counts: torch.Tensor) -> bool:
     """Whether every (event with rows, channel) has exactly one row at its maximum.
 
-    Each such pair has at least one, so the total number of hits equals their number
-    exactly when none has two. Read on the host: free on the CPU (the only caller), where
+    With finite values each such pair has at least one, so the total number of hits
+    equals their number exactly when none has two (a NaN makes the update non-finite,
+    and the training step skips it). Read on the host: free on the CPU (the only caller), where
     it spares the tie count's (N, H) passes; elsewhere the tie count runs on the device.
     """
     return int(hit.sum()) == int(torch.count_nonzero(counts)) * hit.shape[1]
