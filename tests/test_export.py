@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from tiny import SMALL_MODEL as SMALL
 
 from muongen.cli import main
 from muongen.config import load_config
@@ -14,18 +15,6 @@ from muongen.errors import MuongenError
 from muongen.evaluate.sample import generate
 from muongen.export import PhysicalGenerator, example_inputs, sampler_noise
 from muongen.model import build_models
-
-SMALL = [
-    "model.z_global=4",
-    "model.z_local=3",
-    "model.context=16",
-    "model.mult_hidden=[8]",
-    "model.local_hidden=[16]",
-    "model.critic_muon_hidden=[8]",
-    "model.critic_head_hidden=[8]",
-    "model.critic_local_width=8",
-    "model.critic_global_width=8",
-]
 
 
 def _checkpoint(tmp_path_factory, overrides: list[str]):

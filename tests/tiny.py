@@ -1,5 +1,25 @@
-"""The tiny model and batch the chain tests train (test_chain.py, test_chaos.py): seconds per
-range on a CPU. Config overrides as ``--set`` strings; each test adds its own."""
+"""Small test models as ``--set`` override strings; each test adds its own.
+
+``TINY``: the model and batch the chain tests train (test_chain.py, test_chaos.py), seconds
+per range on a CPU. ``SMALL_MODEL``: the smallest model the export, input and CLI tests
+build, with ``SMALL_CRITIC`` its critic (the evaluation tests use that critic too).
+"""
+
+SMALL_CRITIC = [
+    "model.critic_muon_hidden=[8]",
+    "model.critic_head_hidden=[8]",
+    "model.critic_local_width=8",
+    "model.critic_global_width=8",
+]
+
+SMALL_MODEL = [
+    "model.z_global=4",
+    "model.z_local=3",
+    "model.context=16",
+    "model.mult_hidden=[8]",
+    "model.local_hidden=[16]",
+    *SMALL_CRITIC,
+]
 
 BATCH = 32
 

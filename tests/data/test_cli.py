@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+from tiny import SMALL_CRITIC
 
 from muongen import schema
 from muongen.cli import main
@@ -121,10 +122,7 @@ def test_strict_train_stops_and_bad_input_json_names_the_file(tmp_path, capsys):
         "model.context=16",
         "model.mult_hidden=[8]",
         "model.local_hidden=[8]",
-        "model.critic_muon_hidden=[8]",
-        "model.critic_head_hidden=[8]",
-        "model.critic_local_width=8",
-        "model.critic_global_width=8",
+        *SMALL_CRITIC,
         "optim.n_critic=1",
         "train.device=cpu",
         "train.max_steps=1000",

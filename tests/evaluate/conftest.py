@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiny import SMALL_CRITIC
 
 from muongen.config import load_config
 from muongen.data.batch import RaggedBatch
@@ -18,10 +19,7 @@ TINY_MODEL = [
     "model.context=16",
     "model.mult_hidden=[8]",
     "model.local_hidden=[16]",
-    "model.critic_muon_hidden=[8]",
-    "model.critic_head_hidden=[8]",
-    "model.critic_local_width=8",
-    "model.critic_global_width=8",
+    *SMALL_CRITIC,
     "model.multiplicity=round",  # deterministic counts: the tiny model makes exactly 3
     "data.batch_events=256",
     "logging.val_events=600",

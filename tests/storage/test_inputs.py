@@ -10,23 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiny import SMALL_MODEL as SMALL
 
 from muongen.cli import main
 from muongen.config import load_config
 from muongen.data.synth import write_synthetic
 from muongen.evaluate.sample import read_inputs
-
-SMALL = [
-    "model.z_global=4",
-    "model.z_local=3",
-    "model.context=16",
-    "model.mult_hidden=[8]",
-    "model.local_hidden=[16]",
-    "model.critic_muon_hidden=[8]",
-    "model.critic_head_hidden=[8]",
-    "model.critic_local_width=8",
-    "model.critic_global_width=8",
-]
 
 
 @pytest.fixture
