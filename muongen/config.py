@@ -99,9 +99,16 @@ class ModelConfig:
     """EPiC critic: muon <-> event exchange layers (2 measured no better, and slower)."""
     max_generated_muons: int = 20000
     """Cap on the muons the generator makes for one event (protects memory; 0: no cap)."""
-    multiplicity: Literal["lognormal", "round"] = "lognormal"
+    multiplicity: Literal["lognormal", "hurdle", "round"] = "lognormal"
     """Counts from the head: lognormal = draw log10(N + 1) ~ Normal(mean, std) per event
-    and round (mean and std trained by Gaussian NLL); round = round the mean (the original)."""
+    and round (mean and std trained by Gaussian NLL); hurdle = P(N = 0) (trained by BCE)
+    and a quantile function of log10(N + 1) above it (mult_knots knots, pinball loss);
+    round = round the mean (the original)."""
+    mult_knots: int = 16
+    """hurdle: knots of the quantile function of log10(N + 1) given N >= 1."""
+    mult_knot_z: float = 2.5
+    """hurdle: the knots sit at the levels Phi(z), z evenly spaced in [-mult_knot_z,
+    mult_knot_z]; beyond them the quantile function continues with exponential tails."""
     lateral_transform: Literal["linear", "asinh"] = "linear"
     """xy representation: the models see x and y standardised linearly, or as
     asinh(x / s) with s the fitted median |x| (linear core, logarithmic heavy tails)."""

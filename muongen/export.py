@@ -71,6 +71,8 @@ class PhysicalGenerator(nn.Module):
         self.muon_norm = generator.muon_norm
         self.multiplicity = generator.multiplicity
         self.multiplicity_spread = generator.multiplicity_spread
+        self.hurdle = str(generator.multiplicity_mode) == "hurdle"
+        self.stochastic_multiplicity = bool(generator.stochastic_multiplicity)
         self.global_net = generator.global_net
         self.local_net = generator.local_net
         self.z_global = int(generator.z_global)
@@ -85,7 +87,10 @@ class PhysicalGenerator(nn.Module):
         zg, zl = self.z_global, self.z_local
         cond = schema.condition_features(conditions)  # (B, 4)
         c = self.cond_norm(cond)
-        log_mult = self.multiplicity(c).squeeze(-1)  # (B,)
+        if self.hurdle:  # empty, or a draw of the quantile function, from column 0
+            log_mult = self.multiplicity.sample(c, event_noise[:, 0])
+        else:
+            log_mult = self.multiplicity(c).squeeze(-1)  # (B,)
         if self.multiplicity_spread is not None:
             log_std = self.multiplicity_spread(c).squeeze(-1).clamp(LOG_STD_MIN, LOG_STD_MAX)
             log_mult = log_mult + torch.exp(log_std) * event_noise[:, 0]
@@ -181,7 +186,7 @@ def sampler_noise(
     zg, zl = module.z_global, module.z_local
     rng = torch.Generator().manual_seed(seed)
     event = torch.zeros((n_events, 2 + zg))
-    if module.multiplicity_spread is not None:
+    if module.stochastic_multiplicity:
         event[:, 0] = torch.randn((n_events,), generator=rng)
     n = int(counts_of(event).sum())
     event[:, 1 : 1 + zg] = torch.randn((n_events, zg), generator=rng)

@@ -9,8 +9,10 @@ Three networks (design section 3):
   made; ``lognormal`` (default): a second head of the same shape predicts log s, and
   x ~ Normal(m, s) is drawn per event, counts = round(max(10^x - 1, 0)) (a discretised
   log-normal in N + 1). Both heads are trained by the Gaussian negative log-likelihood
-  of the real log10(N + 1), whose mean part is the original MSE. Counts are capped at
-  ``ModelConfig.max_generated_muons``;
+  of the real log10(N + 1), whose mean part is the original MSE; ``hurdle``: P(N = 0) and
+  the quantiles of the dequantised log10(N + 1) of non-empty events, each from its own MLP
+  of the same shape (:mod:`muongen.model.multiplicity`), one N(0, 1) draw per event as in
+  ``lognormal``. Counts are capped at ``ModelConfig.max_generated_muons``;
 * global network ``[z_global, condition, log10(N + 1)] -> context`` (LayerNorm, LeakyReLU
   0.2), one context per event;
 * local network ``[context of its event, z_local] -> 128 -> 64 -> F`` per muon; its
@@ -39,6 +41,8 @@ from torch import nn
 from muongen import schema
 from muongen.config import ModelConfig
 from muongen.model.layers import leaky_relu, leaky_relu_inplace, mlp, split_linear
+from muongen.model.losses import multiplicity_loss, multiplicity_nll
+from muongen.model.multiplicity import HurdleMultiplicity
 from muongen.model.normaliser import Standardiser, muon_standardiser
 
 #: bounds of the predicted log standard deviation of log10(N + 1) (numerical safety)
@@ -106,7 +110,11 @@ class Generator(nn.Module):
             ([log E, r/500], r > 0 (modelled in log space); the azimuth is drawn uniformly
             by :func:`muongen.schema.muon_physical`).
         n_features: F, the per-muon feature count of the representation.
-        multiplicity_mode: ``"lognormal"`` or ``"round"`` (see the module docstring).
+        multiplicity_mode: ``"lognormal"``, ``"hurdle"`` or ``"round"`` (see the module
+            docstring).
+        multiplicity: the head: an MLP predicting the mean of log10(N + 1) (``round``,
+            ``lognormal``) or a :class:`HurdleMultiplicity` (``hurdle``).
+        multiplicity_spread: ``lognormal``: an MLP predicting its log std; else None.
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -121,8 +129,13 @@ class Generator(nn.Module):
         nc = schema.N_CONDITION
         self.cond_norm = Standardiser(nc)
         self.muon_norm = muon_standardiser(cfg)
-        self.multiplicity = mlp(nc, cfg.mult_hidden, 1, activation=nn.ELU)
         self.multiplicity_spread = None
+        if cfg.multiplicity == "hurdle":
+            self.multiplicity = HurdleMultiplicity(
+                nc, cfg.mult_hidden, cfg.mult_knots, cfg.mult_knot_z
+            )
+        else:
+            self.multiplicity = mlp(nc, cfg.mult_hidden, 1, activation=nn.ELU)
         if cfg.multiplicity == "lognormal":
             self.multiplicity_spread = mlp(nc, cfg.mult_hidden, 1, activation=nn.ELU)
             with torch.no_grad():  # start near a spread of 0.4 dex, not 1
@@ -142,15 +155,19 @@ class Generator(nn.Module):
             activation=leaky_relu_inplace,
         )
 
-    def log_multiplicity(self, cond: torch.Tensor) -> torch.Tensor:
-        """(B, 4) condition features -> (B,) predicted mean of log10(N + 1)."""
-        return self.multiplicity(self.cond_norm(cond)).squeeze(-1)
+    @property
+    def stochastic_multiplicity(self) -> bool:
+        """Whether counts take one N(0, 1) draw per event (all modes but ``round``)."""
+        return self.multiplicity_mode != "round"
 
     def multiplicity_params(self, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B, 4) condition features -> mean (B,) and log std (B,) of log10(N + 1).
 
-        The log std is None in ``round`` mode (no spread: the mean is rounded).
+        The log std is None in ``round`` mode (no spread: the mean is rounded). The
+        ``hurdle`` head has neither (its parameters: ``multiplicity.params``).
         """
+        if self.multiplicity_mode == "hurdle":
+            raise ValueError("the hurdle multiplicity head has no mean and spread")
         c = self.cond_norm(cond)
         mean = self.multiplicity(c).squeeze(-1)
         if self.multiplicity_spread is None:
@@ -161,11 +178,27 @@ class Generator(nn.Module):
     def sample_log_multiplicity(
         self, cond: torch.Tensor, *, generator: torch.Generator | None = None
     ) -> torch.Tensor:
-        """(B,) log10(N + 1) per event: the mean (round) or a draw from Normal(m, s)."""
+        """(B,) log10(N + 1) per event: the mean (round), a draw from Normal(m, s)
+        (lognormal), or 0 / a draw of the quantile function (hurdle)."""
+        if self.multiplicity_mode == "hurdle":
+            c = self.cond_norm(cond)
+            z = _noise((cond.shape[0],), c, generator)
+            return self.multiplicity.sample(c, z)
         mean, log_std = self.multiplicity_params(cond)
         if log_std is None:
             return mean
         return mean + torch.exp(log_std) * _noise(tuple(mean.shape), mean, generator)
+
+    def multiplicity_loss(self, cond: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """The head's training loss on the real counts (B,) of conditions (B, 4): the MSE
+        of the mean (round), the Gaussian NLL (lognormal), or the hurdle's BCE plus
+        pinball loss (:meth:`HurdleMultiplicity.loss`)."""
+        if self.multiplicity_mode == "hurdle":
+            return self.multiplicity.loss(self.cond_norm(cond), counts)
+        mean, log_std = self.multiplicity_params(cond)
+        if log_std is None:  # the original's MSE
+            return multiplicity_loss(mean.float(), counts)
+        return multiplicity_nll(mean.float(), log_std.float(), counts)
 
     def forward(
         self, cond: torch.Tensor, *, generator: torch.Generator | None = None
@@ -178,9 +211,9 @@ class Generator(nn.Module):
 
         Returns:
             muons (N, F) features, counts (B,) int64 (N = counts.sum()), log_mult (B,)
-            the log10(N + 1) the counts were rounded from (in ``lognormal`` mode the
-            drawn value, in ``round`` mode the predicted mean). Sizing the output reads N
-            on the host: one synchronisation per call.
+            the log10(N + 1) the counts were rounded from (in ``lognormal`` and
+            ``hurdle`` mode the drawn value, in ``round`` mode the predicted mean).
+            Sizing the output reads N on the host: one synchronisation per call.
         """
         log_mult = self.sample_log_multiplicity(cond, generator=generator)
         counts = counts_from_log_mult(log_mult, self.max_muons)

@@ -36,13 +36,7 @@ from muongen.config import OptimConfig, TrainConfig
 from muongen.data.batch import RaggedBatch
 from muongen.errors import ConfigError
 from muongen.model.generator import events_with_muons
-from muongen.model.losses import (
-    critic_loss,
-    generator_loss,
-    multiplicity_loss,
-    multiplicity_nll,
-    w_gap,
-)
+from muongen.model.losses import critic_loss, generator_loss, w_gap
 from muongen.model.penalty import gradient_penalty
 from muongen.train import checkpoint as ckpt
 
@@ -222,7 +216,8 @@ class GanStep:
             0-d tensors on the device: c_loss, w_gap and gp (means over this call's critic
             updates; gp over those that computed it, 0 when none did, unweighted by
             lambda), g_loss, m_loss (the generator update's; m_loss is the multiplicity
-            MSE in ``round`` mode, the Gaussian NLL in ``lognormal`` mode) and skipped
+            MSE in ``round`` mode, the Gaussian NLL in ``lognormal`` mode, BCE plus pinball
+            in ``hurdle`` mode: :meth:`Generator.multiplicity_loss`) and skipped
             (updates of this call that were not applied).
         """
         micro = [m for m in micro if m.n_events > 0]
@@ -317,14 +312,11 @@ class GanStep:
                 with self._autocast():
                     fake, fake_counts = self._fake(mb)
                     # the multiplicity head learns from every event, empty ones too
-                    mean, log_std = self.generator.multiplicity_params(mb.batch.conditions)
+                    m = self.generator.multiplicity_loss(mb.batch.conditions, mb.batch.counts)
                     fake_index = mb.event_index if fake_counts is mb.counts else None
                     d_fake = mb.mask(self._critic_fwd(fake, mb.cond, fake_counts, fake_index))
                 g = generator_loss(d_fake.float(), n_events=mb.n_events)
-                if log_std is None:  # model.multiplicity = round: the original's MSE
-                    m = multiplicity_loss(mean.float(), mb.batch.counts)
-                else:
-                    m = multiplicity_nll(mean.float(), log_std.float(), mb.batch.counts)
+                m = m.float()
                 loss = g + self.optim_cfg.mult_weight * m
                 self._backward(loss * w)
                 g_sum = g_sum + g.detach() * w
