@@ -17,6 +17,19 @@ from muongen.export import PhysicalGenerator, example_inputs, sampler_noise
 from muongen.model import build_models
 
 
+def _set_multiplicity(generator, log_mult: float) -> None:
+    """Make the head give about 10^log_mult - 1 muons per event (untrained: about none).
+
+    The hurdle head: its lowest knot at log_mult (at least one muon) and most events
+    empty where log_mult < 0, few empty otherwise."""
+    head = generator.multiplicity
+    if generator.multiplicity_mode == "hurdle":
+        head.knots[-1].bias[0] = max(log_mult, 0.3)
+        head.zero[-1].bias.fill_(-3.0 if log_mult > 0.5 else 1.5)
+    else:
+        head[-1].bias.fill_(log_mult)
+
+
 def _checkpoint(tmp_path_factory, overrides: list[str]):
     """A checkpoint of a small untrained generator whose multiplicity head says about
     5 muons per event (untrained weights would give none), written by the trainer's own
@@ -27,7 +40,7 @@ def _checkpoint(tmp_path_factory, overrides: list[str]):
     torch.manual_seed(0)
     generator, _ = build_models(cfg.model)
     with torch.no_grad():
-        generator.multiplicity[-1].bias.fill_(0.8)
+        _set_multiplicity(generator, 0.8)
         generator.cond_norm.mean.copy_(torch.tensor([0.5, 0.7, 0.6, 1.9]))
         generator.cond_norm.std.copy_(torch.tensor([0.9, 0.2, 0.7, 0.5]))
     out = tmp_path_factory.mktemp("ckpt")
@@ -37,11 +50,17 @@ def _checkpoint(tmp_path_factory, overrides: list[str]):
     return saved.manifest
 
 
-@pytest.fixture(scope="module", params=["xy", "radial"])
+@pytest.fixture(scope="module", params=["xy", "radial", "xy-hurdle"])
 def small_checkpoint(request, tmp_path_factory):
     """Small checkpoints in both muon representations (xy: rotated bundles; radial: drawn
-    azimuths), lognormal multiplicity: every noise input is used."""
-    return _checkpoint(tmp_path_factory, [f"model.representation={request.param}"])
+    azimuths) with the lognormal multiplicity head, and one with the hurdle head: every
+    noise input is used."""
+    representation, _, head = request.param.partition("-")
+    overrides = [
+        f"model.representation={representation}",
+        f"model.multiplicity={head or 'lognormal'}",
+    ]
+    return _checkpoint(tmp_path_factory, overrides)
 
 
 def _loaded(checkpoint):
@@ -55,7 +74,7 @@ def _loaded(checkpoint):
 @torch.no_grad()
 def test_physical_generator_replays_muongens_sampler(small_checkpoint, log_mult):
     generator, module = _loaded(small_checkpoint)
-    generator.multiplicity[-1].bias.fill_(log_mult)  # (shared with the export's module)
+    _set_multiplicity(generator, log_mult)  # (shared with the export's module)
     cond = example_inputs(module, 40)[0]
     stub = torch.zeros(1, module.z_local + 1)
     event, muon = sampler_noise(module, 40, 7, lambda ev: module(cond, ev, stub)[0])

@@ -269,6 +269,25 @@ def test_m_loss_follows_the_multiplicity_mode(mode):
     assert (log_std is None) == (mode == "round")
 
 
+def test_the_step_trains_the_hurdle_head_by_its_own_loss():
+    """hurdle: m_loss is the head's BCE plus pinball loss on the real counts (its targets'
+    dequantisation noise aside), and the update moves both of the head's networks."""
+    gen, critic = small_models(multiplicity="hurdle")
+    batch = micro(parts=1)
+    with torch.no_grad():
+        expected = [float(gen.multiplicity_loss(batch[0].conditions, batch[0].counts))]
+        expected += [float(gen.multiplicity_loss(batch[0].conditions, batch[0].counts))]
+    before = {n: p.detach().clone() for n, p in gen.multiplicity.named_parameters()}
+    out = GanStep(gen, critic, OptimConfig(n_critic=1), TrainConfig(), "cpu")(batch)
+    assert min(expected) - 0.05 < float(out["m_loss"]) < max(expected) + 0.05
+    moved = {
+        n.split(".")[0]
+        for n, p in gen.multiplicity.named_parameters()
+        if not torch.equal(p, before[n])
+    }
+    assert moved == {"zero", "knots"}
+
+
 @pytest.mark.parametrize("critic", ["pointnet", "epic"])
 def test_scoring_only_events_with_muons_keeps_the_batch_means(critic):
     """With the real counts the critic scores only events with muons (most are empty

@@ -1,0 +1,139 @@
+"""The hurdle multiplicity head: its quantile function, its draws and what it can fit."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import wasserstein_distance
+
+from muongen.model import build_models
+from muongen.model.generator import counts_from_log_mult
+from muongen.model.multiplicity import (
+    ONE_MUON,
+    HurdleMultiplicity,
+    interpolate_quantiles,
+    knot_levels,
+    normal_cdf,
+)
+
+from .conftest import small_model_config
+
+
+def _knots(b: int = 3, k: int = 8, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    steps = torch.rand(b, k - 1, generator=g, dtype=torch.float64) + 0.05
+    return torch.cat([torch.zeros(b, 1, dtype=torch.float64), steps.cumsum(1)], 1)
+
+
+def test_quantile_function_passes_its_knots_and_is_monotone_and_continuous():
+    knots, levels = _knots(), knot_levels(8, 2.0)
+    for k in range(8):  # exactly the knot at each level
+        got = interpolate_quantiles(knots, levels, levels[k].expand(3))
+        torch.testing.assert_close(got, knots[:, k])
+    tau = torch.linspace(0.0, 1.0, 2001, dtype=torch.float64)
+    q = interpolate_quantiles(knots[:1].expand(len(tau), -1), levels, tau)
+    assert torch.isfinite(q).all() and (q.diff() >= 0).all()
+    # exponential tails: below the first knot and above the last, unbounded but finite
+    assert q[0] < knots[0, 0] - 0.1 and q[-1] > knots[0, -1] + 0.1
+    for t in (levels[0], levels[-1]):  # value and slope continuous where the tails join
+        eps = 1e-6
+        at = torch.stack([t - 2 * eps, t - eps, t + eps, t + 2 * eps])
+        v = interpolate_quantiles(knots[:1].expand(4, -1), levels, at)
+        assert abs(float(v[2] - v[1])) < 1e-4
+        left, right = (v[1] - v[0]) / eps, (v[3] - v[2]) / eps
+        assert math.isclose(float(left), float(right), rel_tol=1e-3)
+
+
+@torch.no_grad()
+def test_hurdle_draws_are_empty_exactly_where_the_uniform_falls_below_p0():
+    torch.manual_seed(0)
+    head = HurdleMultiplicity(4, [16], 8, 2.5)
+    head.zero[-1].bias.fill_(0.3)
+    c, z = torch.randn(5000, 4), torch.randn(5000)
+    logit, knots = head.params(c)
+    p0, u = torch.sigmoid(logit), normal_cdf(z)
+    counts = counts_from_log_mult(head.sample(c, z))
+    assert torch.equal(counts == 0, u < p0)
+    assert 0.2 < float((counts == 0).float().mean()) < 0.8
+    assert int(counts[u >= p0].min()) == 1  # the lowest draws are one muon, not zero
+    # given N >= 1, the draw is the quantile function at (u - p0) / (1 - p0)
+    keep = u >= p0
+    tau = (u - p0) / (1 - p0)
+    want = interpolate_quantiles(knots, head.levels, tau).clamp(min=ONE_MUON)
+    torch.testing.assert_close(head.sample(c, z)[keep], want[keep])
+
+
+def test_hurdle_loss_is_the_bce_plus_the_mean_pinball_of_non_empty_events():
+    torch.manual_seed(1)
+    head = HurdleMultiplicity(4, [16], 6, 2.0)
+    c = torch.randn(64, 4)
+    counts = torch.tensor([0, 1, 3, 40] * 16)
+    torch.manual_seed(5)
+    loss = head.loss(c, counts)
+    torch.manual_seed(5)
+    logit, knots = head.params(c)
+    y = torch.log10(counts + 0.5 + torch.rand(64)).unsqueeze(1)
+    t = head.levels
+    pin = torch.where(y >= knots, t * (y - knots), (1 - t) * (knots - y)).mean(1)
+    bce = torch.nn.functional.binary_cross_entropy_with_logits(logit, (counts == 0).float())
+    torch.testing.assert_close(loss, bce + pin[counts > 0].mean())
+
+
+def _negative_binomial(mean: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """Counts of a negative binomial of shape 1 (muongen synth's multiplicity family)."""
+    rate = mean * torch.empty_like(mean).exponential_(generator=g)
+    return torch.poisson(rate, generator=g).long()
+
+
+@pytest.mark.parametrize("mean", [0.4, 30.0])
+def test_hurdle_head_fits_counts_a_lognormal_head_cannot(mean):
+    """Both heads trained alike on negative-binomial counts at one condition: the hurdle
+    gets P(0) right and its W1 of log10(N + 1) is well below the log-normal's."""
+    g = torch.Generator().manual_seed(2)
+    cond = torch.zeros(256, 4)
+    w1 = {}
+    for mode in ("hurdle", "lognormal"):
+        torch.manual_seed(3)
+        gen, _ = build_models(small_model_config(multiplicity=mode))
+        opt = torch.optim.Adam(gen.multiplicity.parameters(), lr=3e-3)
+        if gen.multiplicity_spread is not None:
+            opt.add_param_group({"params": list(gen.multiplicity_spread.parameters())})
+        for _ in range(200):
+            counts = _negative_binomial(torch.full((256,), mean), g)
+            loss = gen.multiplicity_loss(cond, counts)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            drawn = counts_from_log_mult(gen.sample_log_multiplicity(torch.zeros(10000, 4)))
+        real = _negative_binomial(torch.full((10000,), mean), g)
+        w1[mode] = wasserstein_distance(np.log10(drawn.numpy() + 1.0), np.log10(real.numpy() + 1.0))
+        if mode == "hurdle":
+            p0 = 1.0 / (1.0 + mean)  # shape-1 negative binomial
+            assert abs(float((drawn == 0).float().mean()) - p0) < 0.02
+    print(w1)
+    assert w1["hurdle"] < 0.5 * w1["lognormal"], w1
+
+
+def test_hurdle_generator_draws_one_normal_per_event_like_the_lognormal_head():
+    """Same seed, same later noise: the hurdle head takes the multiplicity draw the
+    lognormal head takes (the exported generator's event_noise column 0), no more."""
+    gens = {}
+    for mode in ("hurdle", "lognormal"):
+        torch.manual_seed(0)
+        gens[mode], _ = build_models(small_model_config(multiplicity=mode))
+    gens["hurdle"].global_net.load_state_dict(gens["lognormal"].global_net.state_dict())
+    gens["hurdle"].local_net.load_state_dict(gens["lognormal"].local_net.state_dict())
+    cond = torch.randn(50, 4)
+    counts = torch.full((50,), 2)
+    after = {}
+    for mode, gen in gens.items():
+        rng = torch.Generator().manual_seed(9)
+        gen.sample_log_multiplicity(cond, generator=rng)
+        after[mode] = gen.generate_with_counts(cond, counts, generator=rng)
+    torch.testing.assert_close(after["hurdle"], after["lognormal"])
+    with pytest.raises(ValueError, match="hurdle"):
+        gens["hurdle"].multiplicity_params(cond)
