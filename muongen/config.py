@@ -75,6 +75,9 @@ class ModelConfig:
     """Size of the per-muon noise vector."""
     context: int = 256
     """Width of the generator's event context."""
+    global_hidden: list[int] = field(default_factory=lambda: [256])
+    """Hidden widths of the generator's global network before its context layer
+    ([z_global + 5 -> global_hidden... -> context]; the original's is [128])."""
     mult_hidden: list[int] = field(default_factory=lambda: [64, 128, 64])
     """Hidden widths of the multiplicity head (predicts log10(N + 1))."""
     local_hidden: list[int] = field(default_factory=lambda: [128, 64])

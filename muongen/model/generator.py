@@ -13,8 +13,8 @@ Three networks (design section 3):
   the quantiles of the dequantised log10(N + 1) of non-empty events, each from its own MLP
   of the same shape (:mod:`muongen.model.multiplicity`), one N(0, 1) draw per event as in
   ``lognormal``. Counts are capped at ``ModelConfig.max_generated_muons``;
-* global network ``[z_global, condition, log10(N + 1)] -> context`` (LayerNorm, LeakyReLU
-  0.2), one context per event;
+* global network ``[z_global, condition, log10(N + 1)] -> global_hidden... -> context``
+  (LayerNorm, LeakyReLU 0.2), one context per event;
 * local network ``[context of its event, z_local] -> 128 -> 64 -> F`` per muon; its
   first layer is computed split, the context part once per event and the noise part per
   muon (:func:`muongen.model.layers.split_linear`), so a muon costs 16 inputs, not 272.
@@ -142,7 +142,7 @@ class Generator(nn.Module):
                 self.multiplicity_spread[-1].bias.fill_(-1.0)
         self.global_net = mlp(
             cfg.z_global + nc + 1,
-            [cfg.context, cfg.context],
+            [*cfg.global_hidden, cfg.context],
             None,
             activation=leaky_relu,
             layer_norm=True,

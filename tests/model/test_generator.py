@@ -111,3 +111,14 @@ def test_azimuthal_symmetry_is_exact_by_default():
     # and the radial representation has no azimuth to get wrong: r > 0 only
     radial, _ = build_models(small_model_config(representation="radial"))
     assert not radial.rotate
+
+
+@pytest.mark.parametrize("hidden", [[], [8], [8, 12]])
+def test_global_net_widths_follow_the_config(hidden):
+    """model.global_hidden: the widths before the context layer ([128] the original's)."""
+    gen, _ = build_models(small_model_config(global_hidden=hidden, context=32))
+    linear = [m for m in gen.global_net if isinstance(m, torch.nn.Linear)]
+    assert [m.out_features for m in linear] == [*hidden, 32]
+    assert linear[0].in_features == gen.z_global + 5
+    counts = torch.tensor([2, 0, 3])
+    assert gen.generate_with_counts(torch.randn(3, 4), counts).shape == (5, 3)
