@@ -102,7 +102,7 @@ class ModelConfig:
     """EPiC critic: muon <-> event exchange layers (2 measured no better, and slower)."""
     max_generated_muons: int = 20000
     """Cap on the muons the generator makes for one event (protects memory; 0: no cap)."""
-    multiplicity: Literal["lognormal", "hurdle", "round"] = "lognormal"
+    multiplicity: Literal["lognormal", "hurdle", "round"] = "hurdle"
     """Counts from the head: lognormal = draw log10(N + 1) ~ Normal(mean, std) per event
     and round (mean and std trained by Gaussian NLL); hurdle = P(N = 0) (trained by BCE)
     and a quantile function of log10(N + 1) above it (mult_knots knots, pinball loss);

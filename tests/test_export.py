@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from tiny import SMALL_MODEL as SMALL
+from tiny import set_multiplicity
 
 from muongen.cli import main
 from muongen.config import load_config
@@ -15,19 +16,6 @@ from muongen.errors import MuongenError
 from muongen.evaluate.sample import generate
 from muongen.export import PhysicalGenerator, example_inputs, sampler_noise
 from muongen.model import build_models
-
-
-def _set_multiplicity(generator, log_mult: float) -> None:
-    """Make the head give about 10^log_mult - 1 muons per event (untrained: about none).
-
-    The hurdle head: its lowest knot at log_mult (at least one muon) and most events
-    empty where log_mult < 0, few empty otherwise."""
-    head = generator.multiplicity
-    if generator.multiplicity_mode == "hurdle":
-        head.knots[-1].bias[0] = max(log_mult, 0.3)
-        head.zero[-1].bias.fill_(-3.0 if log_mult > 0.5 else 1.5)
-    else:
-        head[-1].bias.fill_(log_mult)
 
 
 def _checkpoint(tmp_path_factory, overrides: list[str]):
@@ -40,7 +28,7 @@ def _checkpoint(tmp_path_factory, overrides: list[str]):
     torch.manual_seed(0)
     generator, _ = build_models(cfg.model)
     with torch.no_grad():
-        _set_multiplicity(generator, 0.8)
+        set_multiplicity(generator, 0.8)
         generator.cond_norm.mean.copy_(torch.tensor([0.5, 0.7, 0.6, 1.9]))
         generator.cond_norm.std.copy_(torch.tensor([0.9, 0.2, 0.7, 0.5]))
     out = tmp_path_factory.mktemp("ckpt")
@@ -74,7 +62,7 @@ def _loaded(checkpoint):
 @torch.no_grad()
 def test_physical_generator_replays_muongens_sampler(small_checkpoint, log_mult):
     generator, module = _loaded(small_checkpoint)
-    _set_multiplicity(generator, log_mult)  # (shared with the export's module)
+    set_multiplicity(generator, log_mult)  # (shared with the export's module)
     cond = example_inputs(module, 40)[0]
     stub = torch.zeros(1, module.z_local + 1)
     event, muon = sampler_noise(module, 40, 7, lambda ev: module(cond, ev, stub)[0])
@@ -153,7 +141,7 @@ def test_export_carries_the_ema_weights_when_the_checkpoint_has_them(tmp_path):
     trained, _ = build_models(cfg.model)
     averaged, _ = build_models(cfg.model)  # other weights: the stand-in average
     for g in (trained, averaged):
-        g.multiplicity[-1].bias.fill_(0.8)
+        set_multiplicity(g, 0.8)
     ema = {"version": STATE_VERSION, "updates": 5, "weights": averaged.state_dict()}
     payload = {"config": cfg.to_dict(), "generator": trained.state_dict(), "generator_ema": ema}
     saved = checkpoint.save(payload, tmp_path, "ema", step=5)

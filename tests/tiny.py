@@ -3,6 +3,7 @@
 ``TINY``: the model and batch the chain tests train (test_chain.py, test_chaos.py), seconds
 per range on a CPU. ``SMALL_MODEL``: the smallest model the export, input and CLI tests
 build, with ``SMALL_CRITIC`` its critic (the evaluation tests use that critic too).
+:func:`set_multiplicity` gives an untrained generator muons to make.
 """
 
 SMALL_CRITIC = [
@@ -22,6 +23,21 @@ SMALL_MODEL = [
 ]
 
 BATCH = 32
+
+
+def set_multiplicity(generator, log_mult: float) -> None:
+    """Make an untrained generator's head give about 10^log_mult - 1 muons per event
+    (untrained, it gives about none), whatever its mode. Call under torch.no_grad().
+
+    round/lognormal: the mean's bias. hurdle: the lowest knot at log_mult (at least one
+    muon), and most events empty where log_mult < 0.5, few otherwise."""
+    head = generator.multiplicity
+    if generator.multiplicity_mode == "hurdle":
+        head.knots[-1].bias[0] = max(log_mult, 0.3)
+        head.zero[-1].bias.fill_(-3.0 if log_mult > 0.5 else 1.5)
+    else:
+        head[-1].bias.fill_(log_mult)
+
 
 TINY = [
     f"data.batch_events={BATCH}",

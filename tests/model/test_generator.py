@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from tiny import set_multiplicity
 
 from muongen.model import build_models
 from muongen.model.generator import counts_from_log_mult
@@ -45,11 +46,16 @@ def test_counts_equal_the_heads_rounding(mode):
     assert counts.dtype == torch.int64
 
 
-def test_counts_are_capped_and_nan_gives_zero():
+@pytest.mark.parametrize("mode", ["lognormal", "hurdle"])
+def test_counts_are_capped_and_nan_gives_zero(mode):
     log_mult = torch.tensor([float("nan"), -3.0, 0.0, 1.0, 9.0])
     np.testing.assert_array_equal(counts_from_log_mult(log_mult, 50).numpy(), [0, 0, 0, 9, 50])
-    gen, _ = build_models(small_model_config(max_generated_muons=7))
-    _spread_head(gen, bias=3.0)
+    gen, _ = build_models(small_model_config(max_generated_muons=7, multiplicity=mode))
+    if mode == "hurdle":
+        with torch.no_grad():
+            set_multiplicity(gen, 3.0)  # ~1000 muons per event
+    else:
+        _spread_head(gen, bias=3.0)
     _, counts, _ = gen(torch.randn(30, 4))
     assert int(counts.max()) == 7
 

@@ -54,8 +54,7 @@ def test_gradients_reach_every_parameter(ragged, kind):
 
     fake = gen.generate_with_counts(cond, counts, real.shape[0])
     d = critic(torch.cat([real, fake]), torch.cat([cond, cond]), torch.cat([counts, counts]))
-    mean, log_std = gen.multiplicity_params(cond)
-    loss = generator_loss(d[16:]) + multiplicity_nll(mean, log_std, counts)
+    loss = generator_loss(d[16:]) + gen.multiplicity_loss(cond, counts)  # the hurdle head
     loss.backward()
     assert _missing_grads(gen) == []
 

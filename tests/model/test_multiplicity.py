@@ -93,16 +93,19 @@ def test_hurdle_head_fits_counts_a_lognormal_head_cannot(mean):
     """Both heads trained alike on negative-binomial counts at one condition: the hurdle
     gets P(0) right and its W1 of log10(N + 1) is well below the log-normal's."""
     g = torch.Generator().manual_seed(2)
-    cond = torch.zeros(256, 4)
+    cond = torch.zeros(512, 4)
     w1 = {}
     for mode in ("hurdle", "lognormal"):
         torch.manual_seed(3)
         gen, _ = build_models(small_model_config(multiplicity=mode))
-        opt = torch.optim.Adam(gen.multiplicity.parameters(), lr=3e-3)
+        opt = torch.optim.Adam(gen.multiplicity.parameters(), lr=5e-3)
         if gen.multiplicity_spread is not None:
             opt.add_param_group({"params": list(gen.multiplicity_spread.parameters())})
-        for _ in range(200):
-            counts = _negative_binomial(torch.full((256,), mean), g)
+        for i in range(300):
+            if i == 200:  # a lower rate at the end: less batch noise in the fitted knots
+                for group in opt.param_groups:
+                    group["lr"] = 5e-4
+            counts = _negative_binomial(torch.full((512,), mean), g)
             loss = gen.multiplicity_loss(cond, counts)
             opt.zero_grad()
             loss.backward()

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 from scipy.stats import wasserstein_distance
+from tiny import set_multiplicity
 
 from muongen.config import ModelConfig, OptimConfig, TrainConfig
 from muongen.data.batch import RaggedBatch
@@ -120,7 +121,7 @@ def test_predicted_fake_counts():
     """With the head's counts, fake and real multiplicities differ; the GP pairs min()."""
     gen, critic = small_models()
     with torch.no_grad():
-        gen.multiplicity[-1].bias.fill_(0.6)  # about 3 muons per event, not all zero
+        set_multiplicity(gen, 0.6)  # about 3 muons per event, not all zero
     step = GanStep(
         gen,
         critic,
@@ -147,7 +148,7 @@ def test_sync_grads_is_called_once_per_update():
     calls = []
     gen, critic = small_models()
     with torch.no_grad():
-        gen.multiplicity[-1].bias.fill_(0.6)  # about 3 muons per event, not all zero
+        set_multiplicity(gen, 0.6)  # about 3 muons per event, not all zero
     step = GanStep(
         gen, critic, OptimConfig(n_critic=3), TrainConfig(), "cpu", sync_grads=calls.append
     )
