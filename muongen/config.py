@@ -162,6 +162,12 @@ class OptimConfig:
     """Gradient norm penalised: per paired muon (the original's) or per event's paired set.
     The quality preset uses event: median ratio to the floor 1.34-1.57 against 1.62-1.79
     with muon (15000 steps, 2 seeds, 2 held-out sets; README, "Presets")."""
+    event_weight: Literal["none", "log"] = "none"
+    """Weight of each event in the critic's and the generator's WGAN losses: none (every
+    event alike, the original's) or log = log(1 + N) normalised to mean 1 over the batch,
+    so the big bundles (few events, most muons) count more. The same weight applies to an
+    event's real and fake bundles, so the optimum is unchanged; needs train.fake_counts =
+    real. The gradient penalty stays unweighted."""
     mult_weight: float = 1.0
     """Weight of the multiplicity loss in the generator loss (MSE, or NLL for lognormal)."""
     ema_decay: float = 0.999

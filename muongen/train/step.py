@@ -106,6 +106,7 @@ class _Scored:
     counts: torch.Tensor  # (B',)
     n_events: int  # B, the events the losses average over
     valid: torch.Tensor | None  # (B',) bool: scored rows that count (None: all)
+    weight: torch.Tensor | None = None  # (B',) each scored event's loss weight (None: 1)
     event_index: torch.Tensor = field(init=False)  # (N,) the event of each real muon
 
     def __post_init__(self) -> None:
@@ -117,8 +118,10 @@ class _Scored:
         return int(self.muons.shape[0])
 
     def mask(self, scores: torch.Tensor) -> torch.Tensor:
-        """(B',) scores with the rows that do not count set to 0."""
-        return scores if self.valid is None else torch.where(self.valid, scores, 0.0)
+        """(B',) scores with the rows that do not count set to 0, times their weights."""
+        if self.valid is not None:
+            scores = torch.where(self.valid, scores, 0.0)
+        return scores if self.weight is None else scores * self.weight
 
 
 class GanStep:
@@ -175,6 +178,12 @@ class GanStep:
             raise ConfigError(
                 "optim.schedule=cosine needs optim.decay_steps (or train.max_steps) larger "
                 f"than optim.warmup_steps (got {horizon} <= {optim_cfg.warmup_steps})"
+            )
+        if optim_cfg.event_weight != "none" and train_cfg.fake_counts != "real":
+            raise ConfigError(
+                f"optim.event_weight={optim_cfg.event_weight} weighs an event's real and fake "
+                "bundles alike and needs train.fake_counts=real "
+                f"(got {train_cfg.fake_counts}); set one of them back"
             )
         factor = functools.partial(
             lr_factor,
@@ -336,7 +345,12 @@ class GanStep:
             return _Scored(mb, mb.conditions, mb.muons, mb.counts, mb.n_events, None)
         rows, counts = events_with_muons(mb.counts, n)
         cond = mb.conditions if rows is None else mb.conditions[rows]
-        return _Scored(mb, cond, mb.muons, counts, b, counts > 0)
+        weight = None
+        if self.optim_cfg.event_weight == "log":
+            # log(1 + N), mean 1 over all B events (the unscored empty ones weigh 0)
+            f = torch.log1p(counts.to(torch.float32))
+            weight = f * (b / f.sum().clamp(min=1e-12))
+        return _Scored(mb, cond, mb.muons, counts, b, counts > 0, weight)
 
     def _fake(self, mb: _Scored) -> tuple[torch.Tensor, torch.Tensor]:
         """Fake muons (N', F) and their counts (B',) for the scored events' conditions."""
