@@ -12,6 +12,7 @@ from tiny import set_multiplicity
 
 from muongen.config import ModelConfig, OptimConfig, TrainConfig
 from muongen.data.batch import RaggedBatch
+from muongen.errors import ConfigError
 from muongen.model import build_models
 from muongen.train.step import GanStep, lr_factor
 
@@ -287,6 +288,46 @@ def test_the_step_trains_the_hurdle_head_by_its_own_loss():
         if not torch.equal(p, before[n])
     }
     assert moved == {"zero", "knots"}
+
+
+def test_event_weights_weigh_real_and_fake_alike():
+    """optim.event_weight=log: c_loss, w_gap and the critic's gradient are those of
+    sum_e w_e (D(fake_e) - D(real_e)) / B with w_e = log(1 + N_e) normalised to mean 1
+    over the batch (empty events weigh 0), and g_loss that of -sum_e w_e D(fake_e) / B."""
+    gen, crit = small_models(critic_global_width=16)
+    batch = toy_batch(40, torch.Generator().manual_seed(3))
+    assert (batch.counts == 0).any() and int(batch.counts.max()) > 3
+    ocfg = OptimConfig(n_critic=1, gp_lambda=0.0, event_weight="log")
+    step = GanStep(gen, crit, ocfg, TrainConfig(), "cpu")
+    fake = batch.muons + 0.3  # deterministic fakes: the same for the step and the check
+    step._generate = lambda cond, c, n: fake
+    plain = copy.deepcopy(crit)
+    f = torch.log1p(batch.counts.float())
+    w = f * 40 / f.sum()
+    d_real = plain(batch.muons, batch.conditions, batch.counts)
+    d_fake = plain(fake, batch.conditions, batch.counts)
+    loss = (w * (d_fake - d_real)).sum() / 40
+    loss.backward()
+    before = params(crit)
+    step.opt_c = torch.optim.SGD(crit.parameters(), lr=1.0)  # update = -gradient
+    step._fused = False
+    out = step([batch])
+    torch.testing.assert_close(out["c_loss"], loss.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out["w_gap"], -loss.detach(), rtol=1e-5, atol=1e-6)
+    unweighted = (d_fake - d_real).mean().detach()
+    assert abs(float(loss.detach() - unweighted)) > 1e-4  # the weights changed something
+    for p0, p1, ref in zip(before, params(crit), plain.parameters()):
+        torch.testing.assert_close(p0 - p1, ref.grad, rtol=1e-4, atol=1e-6)
+    with torch.no_grad():
+        d_after = crit(fake, batch.conditions, batch.counts)
+    torch.testing.assert_close(out["g_loss"], -(w * d_after).sum() / 40, rtol=1e-5, atol=1e-6)
+
+
+def test_event_weights_need_the_real_counts():
+    gen, crit = small_models()
+    ocfg = OptimConfig(event_weight="log")
+    with pytest.raises(ConfigError, match="fake_counts"):
+        GanStep(gen, crit, ocfg, TrainConfig(fake_counts="predicted"), "cpu")
 
 
 @pytest.mark.parametrize("critic", ["pointnet", "epic"])
