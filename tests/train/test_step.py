@@ -290,23 +290,21 @@ def test_the_step_trains_the_hurdle_head_by_its_own_loss():
     assert moved == {"zero", "knots"}
 
 
-def test_event_weights_weigh_real_and_fake_alike():
-    """optim.event_weight=log: c_loss, w_gap and the critic's gradient are those of
-    sum_e w_e (D(fake_e) - D(real_e)) / B with w_e = log(1 + N_e) normalised to mean 1
-    over the batch (empty events weigh 0), and g_loss that of -sum_e w_e D(fake_e) / B."""
-    gen, crit = small_models(critic_global_width=16)
-    batch = toy_batch(40, torch.Generator().manual_seed(3))
-    assert (batch.counts == 0).any() and int(batch.counts.max()) > 3
-    ocfg = OptimConfig(n_critic=1, gp_lambda=0.0, event_weight="log")
+def _check_critic_update(gen, crit, batch, ocfg, weight=None):
+    """One critic update of ``step([batch])`` with deterministic fakes (real + 0.3) and SGD
+    at lr 1: its c_loss, w_gap and parameter change are checked against those of
+    sum_e w_e (D(fake_e) - D(real_e)) / B by hand (w_e = 1 without ``weight``).
+
+    Returns the step's output, the fakes, and that loss and its unweighted twin.
+    """
     step = GanStep(gen, crit, ocfg, TrainConfig(), "cpu")
     fake = batch.muons + 0.3  # deterministic fakes: the same for the step and the check
     step._generate = lambda cond, c, n: fake
     plain = copy.deepcopy(crit)
-    f = torch.log1p(batch.counts.float())
-    w = f * 40 / f.sum()
+    w = torch.ones(batch.n_events) if weight is None else weight
     d_real = plain(batch.muons, batch.conditions, batch.counts)
     d_fake = plain(fake, batch.conditions, batch.counts)
-    loss = (w * (d_fake - d_real)).sum() / 40
+    loss = (w * (d_fake - d_real)).mean()
     loss.backward()
     before = params(crit)
     step.opt_c = torch.optim.SGD(crit.parameters(), lr=1.0)  # update = -gradient
@@ -314,10 +312,23 @@ def test_event_weights_weigh_real_and_fake_alike():
     out = step([batch])
     torch.testing.assert_close(out["c_loss"], loss.detach(), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(out["w_gap"], -loss.detach(), rtol=1e-5, atol=1e-6)
-    unweighted = (d_fake - d_real).mean().detach()
-    assert abs(float(loss.detach() - unweighted)) > 1e-4  # the weights changed something
     for p0, p1, ref in zip(before, params(crit), plain.parameters()):
         torch.testing.assert_close(p0 - p1, ref.grad, rtol=1e-4, atol=1e-6)
+    return out, fake, loss.detach(), (d_fake - d_real).mean().detach()
+
+
+def test_event_weights_weigh_real_and_fake_alike():
+    """optim.event_weight=log: c_loss, w_gap and the critic's gradient are those of
+    sum_e w_e (D(fake_e) - D(real_e)) / B with w_e = log(1 + N_e) normalised to mean 1
+    over the batch (empty events weigh 0), and g_loss that of -sum_e w_e D(fake_e) / B."""
+    gen, crit = small_models(critic_global_width=16)
+    batch = toy_batch(40, torch.Generator().manual_seed(3))
+    assert (batch.counts == 0).any() and int(batch.counts.max()) > 3
+    f = torch.log1p(batch.counts.float())
+    w = f * 40 / f.sum()
+    ocfg = OptimConfig(n_critic=1, gp_lambda=0.0, event_weight="log")
+    out, fake, loss, unweighted = _check_critic_update(gen, crit, batch, ocfg, w)
+    assert abs(float(loss - unweighted)) > 1e-4  # the weights changed something
     with torch.no_grad():
         d_after = crit(fake, batch.conditions, batch.counts)
     torch.testing.assert_close(out["g_loss"], -(w * d_after).sum() / 40, rtol=1e-5, atol=1e-6)
@@ -342,19 +353,4 @@ def test_scoring_only_events_with_muons_keeps_the_batch_means(critic):
     muons = batch.muons[torch.repeat_interleave(keep, batch.counts)]
     batch = RaggedBatch(batch.conditions, muons, counts)
     assert 0 < batch.n_muons < batch.n_events and (counts == 0).sum() > 20
-    step = GanStep(gen, crit, OptimConfig(n_critic=1, gp_lambda=0.0), TrainConfig(), "cpu")
-    fake = batch.muons + 0.3  # deterministic fakes: the same for the step and the check
-    step._generate = lambda cond, c, n: fake
-    plain = copy.deepcopy(crit)
-    d_real = plain(batch.muons, batch.conditions, batch.counts)
-    d_fake = plain(fake, batch.conditions, batch.counts)
-    loss = d_fake.mean() - d_real.mean()
-    loss.backward()
-    before = params(crit)
-    step.opt_c = torch.optim.SGD(crit.parameters(), lr=1.0)  # update = -gradient
-    step._fused = False
-    out = step([batch])
-    torch.testing.assert_close(out["c_loss"], loss.detach(), rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(out["w_gap"], -loss.detach(), rtol=1e-5, atol=1e-6)
-    for p0, p1, ref in zip(before, params(crit), plain.parameters()):
-        torch.testing.assert_close(p0 - p1, ref.grad, rtol=1e-4, atol=1e-6)
+    _check_critic_update(gen, crit, batch, OptimConfig(n_critic=1, gp_lambda=0.0))
