@@ -79,7 +79,7 @@ class ModelConfig:
     """Hidden widths of the generator's global network before its context layer
     ([z_global + 5 -> global_hidden... -> context]; the original's is [128])."""
     mult_hidden: list[int] = field(default_factory=lambda: [64, 128, 64])
-    """Hidden widths of the multiplicity head (predicts log10(N + 1))."""
+    """Hidden widths of the multiplicity head's MLPs (see model.multiplicity)."""
     local_hidden: list[int] = field(default_factory=lambda: [128, 64])
     """Hidden widths of the generator's per-muon network."""
     critic_muon_hidden: list[int] = field(default_factory=lambda: [64, 128])
@@ -169,7 +169,8 @@ class OptimConfig:
     event's real and fake bundles, so the optimum is unchanged; needs train.fake_counts =
     real. The gradient penalty stays unweighted."""
     mult_weight: float = 1.0
-    """Weight of the multiplicity loss in the generator loss (MSE, or NLL for lognormal)."""
+    """Weight of the multiplicity loss in the generator loss (MSE for round, NLL for
+    lognormal, BCE plus pinball loss for hurdle)."""
     ema_decay: float = 0.999
     """Decay of the exponential moving average of the generator's weights that sampling,
     evaluation and export use (warmed up as min(decay, (1 + t) / (10 + t)); 0: off)."""

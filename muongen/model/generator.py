@@ -2,17 +2,17 @@
 
 Three networks (design section 3):
 
-* multiplicity head ``4 -> 64 -> 128 -> 64 -> 1`` (ELU) predicts the mean m of
-  log10(N + 1). ``ModelConfig.multiplicity`` says how counts follow from it:
-  ``round`` (the original trainer's): counts = round(max(10^m - 1, 0)), deterministic
+* multiplicity head, ``4 -> 64 -> 128 -> 64 -> ...`` MLPs (ELU); ``ModelConfig.multiplicity``
+  says what it predicts and how counts follow: ``hurdle`` (default): P(N = 0) and the
+  quantiles of the dequantised log10(N + 1) of non-empty events, each from its own MLP
+  (:mod:`muongen.model.multiplicity`), one N(0, 1) draw per event; ``round`` (the original
+  trainer's): the mean m of log10(N + 1), counts = round(max(10^m - 1, 0)), deterministic
   given the condition, so wherever the mean multiplicity is below 0.5 no muon is ever
-  made; ``lognormal`` (default): a second head of the same shape predicts log s, and
-  x ~ Normal(m, s) is drawn per event, counts = round(max(10^x - 1, 0)) (a discretised
-  log-normal in N + 1). Both heads are trained by the Gaussian negative log-likelihood
-  of the real log10(N + 1), whose mean part is the original MSE; ``hurdle``: P(N = 0) and
-  the quantiles of the dequantised log10(N + 1) of non-empty events, each from its own MLP
-  of the same shape (:mod:`muongen.model.multiplicity`), one N(0, 1) draw per event as in
-  ``lognormal``. Counts are capped at ``ModelConfig.max_generated_muons``;
+  made; ``lognormal``: a second head of the same shape predicts log s, and x ~ Normal(m, s)
+  is drawn per event, counts = round(max(10^x - 1, 0)) (a discretised log-normal in
+  N + 1); both trained by the Gaussian negative log-likelihood of the real log10(N + 1),
+  whose mean part is the original MSE. Counts are capped at
+  ``ModelConfig.max_generated_muons``;
 * global network ``[z_global, condition, log10(N + 1)] -> global_hidden... -> context``
   (LayerNorm, LeakyReLU 0.2), one context per event;
 * local network ``[context of its event, z_local] -> 128 -> 64 -> F`` per muon; its

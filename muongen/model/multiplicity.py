@@ -129,12 +129,12 @@ class HurdleMultiplicity(nn.Module):
         """BCE of "empty" over all events plus the mean pinball loss of the knots over the
         events with muons (their targets dequantised with fresh uniform noise)."""
         logit, knots = self.params(c)
+        logit, knots = logit.float(), knots.float()  # fp32 targets and loss under autocast
         empty = counts == 0
-        bce = F.binary_cross_entropy_with_logits(logit, empty.to(logit.dtype))
-        n = counts.to(knots.dtype)
+        bce = F.binary_cross_entropy_with_logits(logit, empty.float())
+        n = counts.float()
         y = torch.log10(n + 0.5 + torch.rand_like(n)).unsqueeze(-1)  # (B, 1)
         resid = y - knots  # (B, K)
-        levels = self.levels.to(knots.dtype)
-        pinball = torch.maximum(levels * resid, (levels - 1.0) * resid).mean(-1)  # (B,)
-        kept = (~empty).to(knots.dtype)
+        pinball = torch.maximum(self.levels * resid, (self.levels - 1.0) * resid).mean(-1)
+        kept = (~empty).float()
         return bce + (pinball * kept).sum() / kept.sum().clamp(min=1.0)
