@@ -97,7 +97,9 @@ class _Scored:
     over the scored events / B, i.e. the means over the batch that the original computes.
     At the production multiplicity (most events empty) this removes most of the per-event
     work of the generator and the critic.
-    With the predicted counts every event is scored.
+    With the predicted counts every event is scored. With ``optim.event_weight`` each
+    scored event's scores are multiplied by its weight (:meth:`mask`), the same for its
+    real and its fake bundle.
     """
 
     batch: RaggedBatch
