@@ -167,7 +167,9 @@ class OptimConfig:
     event alike, the original's) or log = log(1 + N) normalised to mean 1 over the batch,
     so the big bundles (few events, most muons) count more. The same weight applies to an
     event's real and fake bundles, so the optimum is unchanged; needs train.fake_counts =
-    real. The gradient penalty stays unweighted."""
+    real. The gradient penalty stays unweighted. The quality preset uses log: median ratio
+    to the floor 1.10-1.21, worst 4.4-7.2 against 1.16-1.34 and 6.0-7.7 with none (15000
+    steps, 2 seeds, 2 held-out sets; README, "Presets")."""
     mult_weight: float = 1.0
     """Weight of the multiplicity loss in the generator loss (MSE for round, NLL for
     lognormal, BCE plus pinball loss for hurdle)."""
