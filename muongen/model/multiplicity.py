@@ -40,15 +40,14 @@ ONE_MUON = math.log10(2.0)
 TAU_EPS = 1e-7
 
 
-def knot_levels(n_knots: int, z_max: float) -> torch.Tensor:
-    """(K,) float64 quantile levels Phi(z_k), z_k evenly spaced in [-z_max, z_max]."""
-    z = torch.linspace(-z_max, z_max, n_knots, dtype=torch.float64)
-    return 0.5 * (1.0 + torch.erf(z / math.sqrt(2.0)))
-
-
 def normal_cdf(z: torch.Tensor) -> torch.Tensor:
     """Phi(z), the standard normal CDF."""
     return 0.5 * (1.0 + torch.erf(z * (1.0 / math.sqrt(2.0))))
+
+
+def knot_levels(n_knots: int, z_max: float) -> torch.Tensor:
+    """(K,) float64 quantile levels Phi(z_k), z_k evenly spaced in [-z_max, z_max]."""
+    return normal_cdf(torch.linspace(-z_max, z_max, n_knots, dtype=torch.float64))
 
 
 def interpolate_quantiles(
