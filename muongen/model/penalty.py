@@ -25,10 +25,12 @@ Controls: ``max_pairs`` (a uniform random subset of the valid pairs, 0: all),
 ``fraction`` (each event takes part with this probability). All of it is index arithmetic
 on the device (repeat_interleave, cumsum, topk, index_add); the tensor shapes depend only
 on the number of real muons and on max_pairs, which the host knows, so nothing is read
-back from the device. Rows that are not valid pairs (or not drawn) are parked in one
+back from an accelerator (on the CPU the number of events with pairs is read: free). Rows that are not valid pairs (or not drawn) are parked in one
 extra dummy event whose score is left out of the gradient and whose rows are masked out
 of the mean; rows are sorted by event (the critic pools contiguous rows) and handed to the
-critic with their event index.
+critic with their event index. Only the events with pairs are scored (no other event's
+score depends on the interpolated muons): on the CPU exactly those, elsewhere min(B, M)
+rows padded with empty events (:func:`muongen.model.generator.events_with_muons`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from typing import Literal
 
 import torch
 from torch import nn
+
+from muongen.model.generator import events_with_muons
 
 _EPS = 1e-12
 
@@ -116,11 +120,21 @@ def gradient_penalty(
     x = a * real_muons[real_row[cand]] + (1.0 - a) * fake_muons[fake_row]
     x = x.detach().requires_grad_(True)  # (M, F)
 
-    counts_x = torch.zeros(b + 1, dtype=torch.int64, device=device).index_add_(
-        0, e, torch.ones_like(e)
-    )
+    per_event = torch.zeros(b, dtype=torch.int64, device=device).index_add_(
+        0, e_safe, v.to(torch.int64)
+    )  # (B,) pairs per event
+    # only events with pairs are scored: no other event's score depends on x (at the
+    # production multiplicity, or with max_pairs below the muon count, most events)
+    rows, counts_x = events_with_muons(per_event, x.shape[0])
+    if rows is not None:
+        # the kept events renumbered 0..B'-1 in order (so e stays sorted), the dummy B'
+        new_id = torch.cumsum(per_event > 0, 0) - 1
+        e = torch.where(v, new_id[e_safe], rows.shape[0])
+        cond = cond[rows]
+    b = cond.shape[0]
+    counts_x = torch.cat([counts_x, (~v).sum().view(1)])  # (B' + 1,): the dummy event last
     cond_x = torch.cat([cond, cond.new_zeros(1, cond.shape[1])])  # dummy event's condition
-    scores = critic(x, cond_x, counts_x, e)  # (B + 1,)
+    scores = critic(x, cond_x, counts_x, e)  # (B' + 1,)
     (grad,) = torch.autograd.grad(scores[:b].float().sum(), x, create_graph=True)  # (M, F)
     sq = grad.float().pow(2).sum(-1)  # (M,) ||g_j||^2
     vf = v.float()

@@ -20,8 +20,22 @@ class SpyCritic(torch.nn.Module):
         self.calls = []
 
     def forward(self, muons, cond, counts, event_index=None):
-        self.calls.append((muons.detach().clone(), counts.clone(), event_index))
+        self.calls.append((muons.detach().clone(), counts.clone(), event_index, cond.clone()))
         return self.critic(muons, cond, counts, event_index)
+
+    def last_call(self, cond):
+        """The last scored set in the numbering of the caller's events ``cond`` (B, 4):
+        rows (M, F), pairs per event (B,), and each row's event (-1: the dummy event)."""
+        x, counts, ev, scored_cond = self.calls[-1]
+        # the penalty scores only the events with pairs, renumbered; their conditions
+        # (distinct random rows here) say which events they are
+        match = (scored_cond[:-1, None, :] == cond[None, :, :]).all(-1)  # (B' + 1 - 1, B)
+        original = torch.where(match.any(1), match.float().argmax(1), -1)
+        original = torch.cat([original, torch.tensor([-1])])  # the dummy event, last
+        ev = original[ev]
+        per_event = torch.zeros(len(cond), dtype=torch.int64)
+        per_event.index_add_(0, ev[ev >= 0], torch.ones(int((ev >= 0).sum()), dtype=torch.int64))
+        return x, per_event, ev
 
 
 def _pair_batch(seed: int, b: int = 24, n_features: int = 3):
@@ -46,7 +60,14 @@ def _pair_batch(seed: int, b: int = 24, n_features: int = 3):
     ],
     ids=["amax", "mean", "epic"],
 )
-def test_vectorised_equals_reference(seed, norm, critic_cfg):
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "padded"])
+def test_vectorised_equals_reference(seed, norm, critic_cfg, exact, monkeypatch):
+    """Also with the events that have pairs padded to min(B, pairs) as on an accelerator
+    (``exact=False``; on the CPU their number is read exactly)."""
+    import muongen.model.penalty as penalty
+
+    kept = penalty.events_with_muons
+    monkeypatch.setattr(penalty, "events_with_muons", lambda c, n: kept(c, n, exact=exact))
     torch.manual_seed(seed)
     _, critic = build_models(small_model_config(**critic_cfg))
     cond, real, rc, fake, fc, alpha = _pair_batch(seed)
@@ -70,6 +91,38 @@ def test_vectorised_equals_reference(seed, norm, critic_cfg):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("norm", ["muon", "event"])
+def test_padded_events_with_pairs_equal_the_reference(norm, monkeypatch):
+    """Fewer muons than events: on an accelerator the events with pairs are padded to
+    min(B, muons) rows (count 0, condition of row 0), and the dummy event follows them."""
+    import muongen.model.penalty as penalty
+
+    kept = penalty.events_with_muons
+    seen = []
+
+    def padded(counts, n):
+        rows, c = kept(counts, n, exact=False)
+        seen.append((rows, c))
+        return rows, c
+
+    monkeypatch.setattr(penalty, "events_with_muons", padded)
+    torch.manual_seed(0)
+    _, critic = build_models(small_model_config())
+    b = 30
+    rc = torch.zeros(b, dtype=torch.int64)
+    fc = torch.zeros(b, dtype=torch.int64)
+    rc[[2, 5, 9, 20, 27]] = torch.tensor([3, 1, 2, 4, 2])
+    fc[[2, 9, 11, 20, 27]] = torch.tensor([1, 3, 2, 1, 5])  # event 5: real muons, no fake
+    cond, alpha = torch.randn(b, 4), torch.rand(b)
+    real, fake = torch.randn(int(rc.sum()), 3), torch.randn(int(fc.sum()), 3)
+    fast = gradient_penalty(critic, cond, real, rc, fake, fc, norm=norm, alpha=alpha)
+    slow = reference_gradient_penalty(critic, cond, real, rc, fake, fc, norm=norm, alpha=alpha)
+    torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-6)
+    rows, counts = seen[-1]
+    assert len(rows) == int(rc.sum()) < b  # padded to the muon count, not B
+    assert int((counts > 0).sum()) == 4 and (counts[4:] == 0).all()  # 4 events, then padding
+
+
 def test_max_pairs_above_the_total_changes_nothing():
     torch.manual_seed(0)
     _, critic = build_models(small_model_config())
@@ -89,9 +142,11 @@ def test_max_pairs_caps_the_interpolated_set(max_pairs):
     k = torch.minimum(rc, fc)
     b = len(rc)
     gradient_penalty(spy, cond, real, rc, fake, fc, max_pairs=max_pairs)
-    _, counts, _ = spy.calls[-1]
-    assert int(counts[:b].sum()) == min(max_pairs, int(k.sum()))
-    assert (counts[:b] <= k).all()  # never more pairs than an event has
+    _, counts, _ = spy.last_call(cond)
+    assert int(counts.sum()) == min(max_pairs, int(k.sum()))
+    assert (counts <= k).all()  # never more pairs than an event has
+    # only the events with pairs are scored, plus the dummy event
+    assert len(spy.calls[-1][1]) == int((counts > 0).sum()) + 1
 
 
 def test_interpolation_stays_within_each_event():
@@ -104,7 +159,7 @@ def test_interpolation_stays_within_each_event():
     ones = torch.ones(b)
     for permute in (False, True):
         gradient_penalty(spy, cond, real, rc, fake, fc, alpha=ones, permute=permute)
-        x, _, ev = spy.calls[-1]
+        x, _, ev = spy.last_call(cond)
         starts = torch.cumsum(rc, 0) - rc
         for i in range(b):
             mine = x[ev == i]
@@ -125,7 +180,7 @@ def test_fraction_drops_events():
     counts = random_counts(b, gen, empty=0.0)
     cond, muons = torch.randn(b, 4), torch.randn(int(counts.sum()), 3)
     gradient_penalty(spy, cond, muons, counts, muons, counts, fraction=0.25)
-    used = int((spy.calls[-1][1][:b] > 0).sum())
+    used = int((spy.last_call(cond)[1] > 0).sum())
     assert 60 < used < 140  # about a quarter of 400 events
 
 
