@@ -272,19 +272,29 @@ class GanStep:
     def _critic_update(
         self, micro: list[_Scored], weights: list[float], use_gp: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One critic update. Its loss, mean D(fake) - mean D(real) + lambda GP, is a sum
+        of three terms whose graphs share nothing but the parameters: each term is scored
+        and back-propagated on its own (the real set, the fake set, the penalty), so one
+        set's activations are still in the cache when its backward reads them, and at most
+        one set's are alive at a time. Same gradients, accumulated in another order."""
         ocfg = self.optim_cfg
         self.opt_c.zero_grad(set_to_none=True)
         loss_sum = gap_sum = gp_sum = torch.zeros((), device=self.device)
+        lam = ocfg.gp_lambda if use_gp else 0.0
         for mb, w in zip(micro, weights):
             with torch.no_grad(), self._autocast():
                 fake, fake_counts = self._fake(mb)
             fake = fake.to(mb.muons.dtype)
             fake_index = mb.event_index if fake_counts is mb.counts else None
+            per_event = w / max(mb.n_events, 1)  # the losses' means are sums / B
             with self._autocast():
-                # real and fake scored apart: no concatenated copy of the two sets
                 d_real = mb.mask(self._critic_fwd(mb.muons, mb.cond, mb.counts, mb.event_index))
+            d_real = d_real.float()
+            self._backward(d_real.sum() * -per_event)  # - mean D(real)
+            with self._autocast():
                 d_fake = mb.mask(self._critic_fwd(fake, mb.cond, fake_counts, fake_index))
-            d_real, d_fake = d_real.float(), d_fake.float()
+            d_fake = d_fake.float()
+            self._backward(d_fake.sum() * per_event)  # + mean D(fake)
             gp = torch.zeros((), device=self.device)
             if use_gp:
                 # fp16 has too little range for the double backward: GP in fp32 then.
@@ -303,10 +313,9 @@ class GanStep:
                         fraction=ocfg.gp_fraction,
                         norm=ocfg.gp_norm,
                     )
-            lam = ocfg.gp_lambda if use_gp else 0.0
-            loss = critic_loss(d_real, d_fake, gp, lam, n_events=mb.n_events)
-            self._backward(loss * w)
-            loss_sum = loss_sum + loss.detach() * w
+                self._backward(gp * (lam * w))
+            loss = critic_loss(d_real.detach(), d_fake.detach(), gp.detach(), lam, mb.n_events)
+            loss_sum = loss_sum + loss * w
             gap_sum = gap_sum + w_gap(d_real, d_fake, n_events=mb.n_events) * w
             gp_sum = gp_sum + gp.detach() * w
         bad = self._apply(self.opt_c, self.critic, loss_sum)
