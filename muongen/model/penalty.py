@@ -25,10 +25,11 @@ Controls: ``max_pairs`` (a uniform random subset of the valid pairs, 0: all),
 ``fraction`` (each event takes part with this probability). All of it is index arithmetic
 on the device (repeat_interleave, cumsum, topk, index_add); the tensor shapes depend only
 on the number of real muons and on max_pairs, which the host knows, so nothing is read
-back from an accelerator (on the CPU the number of events with pairs is read: free). Rows that are not valid pairs (or not drawn) are parked in one
-extra dummy event whose score is left out of the gradient and whose rows are masked out
-of the mean; rows are sorted by event (the critic pools contiguous rows) and handed to the
-critic with their event index. Only the events with pairs are scored (no other event's
+back from an accelerator (on the CPU the number of events with pairs is read: free).
+Rows that are not valid pairs (or not drawn) are parked in one extra dummy event whose
+score is left out of the gradient and whose rows are masked out of the mean; rows are
+sorted by event (the critic pools contiguous rows) and handed to the critic with their
+event index. Only the events with pairs are scored (no other event's
 score depends on the interpolated muons): on the CPU exactly those, elsewhere min(B, M)
 rows padded with empty events (:func:`muongen.model.generator.events_with_muons`).
 """

@@ -26,7 +26,7 @@ class SpyCritic(torch.nn.Module):
     def last_call(self, cond):
         """The last scored set in the numbering of the caller's events ``cond`` (B, 4):
         rows (M, F), pairs per event (B,), and each row's event (-1: the dummy event)."""
-        x, counts, ev, scored_cond = self.calls[-1]
+        x, _, ev, scored_cond = self.calls[-1]
         # the penalty scores only the events with pairs, renumbered; their conditions
         # (distinct random rows here) say which events they are
         match = (scored_cond[:-1, None, :] == cond[None, :, :]).all(-1)  # (B' + 1 - 1, B)
@@ -140,7 +140,6 @@ def test_max_pairs_caps_the_interpolated_set(max_pairs):
     spy = SpyCritic(critic)
     cond, real, rc, fake, fc, _ = _pair_batch(3)
     k = torch.minimum(rc, fc)
-    b = len(rc)
     gradient_penalty(spy, cond, real, rc, fake, fc, max_pairs=max_pairs)
     _, counts, _ = spy.last_call(cond)
     assert int(counts.sum()) == min(max_pairs, int(k.sum()))
