@@ -376,6 +376,8 @@ class GanStep:
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
     def _backward(self, loss: torch.Tensor) -> None:
+        if not loss.requires_grad:  # a term without a graph (e.g. no pairs for the GP)
+            return
         if self.scaler.is_enabled():
             self.scaler.scale(loss).backward()
         else:

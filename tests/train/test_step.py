@@ -71,6 +71,24 @@ def test_step_outputs_and_counters(optimizer):
     assert off(micro())["gp"] == 0
 
 
+@pytest.mark.parametrize("fake_counts", ["real", "predicted"])
+def test_a_microbatch_without_muons_steps(fake_counts):
+    """A microbatch whose events are all empty has no penalty pairs and, with the real
+    counts, no scored event: its loss terms have no graph, and the step still runs (each
+    term is back-propagated on its own, so one without a graph must be skipped)."""
+    gen, critic = small_models()
+    ocfg = OptimConfig(n_critic=2, gp_every=1, gp_max_pairs=16)
+    step = GanStep(gen, critic, ocfg, TrainConfig(fake_counts=fake_counts), "cpu")
+    empty = RaggedBatch(torch.rand(6, 4), torch.zeros(0, 3), torch.zeros(6, dtype=torch.int64))
+    g0 = params(gen)
+    for parts in ([empty], [*micro(), empty]):
+        out = step(parts)
+        for k, v in out.items():
+            assert v.ndim == 0 and torch.isfinite(v), k
+        assert int(out["skipped"]) == 0
+    assert not same(g0, params(gen))  # the multiplicity head learns from empty events too
+
+
 def test_same_seed_same_result():
     def run():
         gen, critic = small_models(seed=3)
