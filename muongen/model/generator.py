@@ -42,7 +42,13 @@ from torch import nn
 
 from muongen import schema
 from muongen.config import ModelConfig
-from muongen.model.layers import leaky_relu, leaky_relu_inplace, mlp, split_linear
+from muongen.model.layers import (
+    leaky_relu,
+    leaky_relu_inplace,
+    mlp,
+    split_linear,
+    split_parts,
+)
 from muongen.model.losses import multiplicity_loss, multiplicity_nll
 from muongen.model.multiplicity import HurdleMultiplicity
 from muongen.model.normaliser import Standardiser, muon_standardiser
@@ -300,9 +306,7 @@ class Generator(nn.Module):
             or torch.compiler.is_compiling()
         ):
             return rest(split_linear(first, context, z_local, counts))
-        width = context.shape[1]
-        event_part = nn.functional.linear(context, first.weight[:, :width], first.bias)
-        w_muon = first.weight[:, width:].t()
+        event_part, w_muon = split_parts(first, context)
         events = torch.arange(counts.shape[0], device=counts.device)
         event_index = torch.repeat_interleave(events, counts, output_size=n_muons)
         out = z_local.new_empty(n_muons, self.n_features)

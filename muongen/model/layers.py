@@ -70,12 +70,19 @@ def split_linear(
     Returns:
         (N, H), equal (to rounding) to ``linear(cat([per_event[event_index], per_muon]))``.
     """
-    width = per_event.shape[1]
-    event_part = nn.functional.linear(per_event, linear.weight[:, :width], linear.bias)  # (B, H)
+    event_part, muon_weight = split_parts(linear, per_event)
     if event_index is None:
         rows = torch.repeat_interleave(event_part, counts, dim=0, output_size=per_muon.shape[0])
     else:
         rows = event_part.index_select(0, event_index)  # (N, H)
     # in place: ``rows`` is a fresh tensor (and the gather's backward does not need it),
     # so the per-muon product accumulates into it instead of into a copy of it
-    return rows.addmm_(per_muon, linear.weight[:, width:].t())
+    return rows.addmm_(per_muon, muon_weight)
+
+
+def split_parts(linear: nn.Linear, per_event: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two parts of :func:`split_linear`: the per-event rows W_e e + b (B, H) and the
+    per-muon weight W_m^T (M, H), to add as ``event_rows[event] + per_muon @ W_m^T``."""
+    width = per_event.shape[1]
+    event_part = nn.functional.linear(per_event, linear.weight[:, :width], linear.bias)
+    return event_part, linear.weight[:, width:].t()

@@ -29,9 +29,9 @@ back from an accelerator (on the CPU the number of events with pairs is read: fr
 Rows that are not valid pairs (or not drawn) are parked in one extra dummy event whose
 score is left out of the gradient and whose rows are masked out of the mean; rows are
 sorted by event (the critic pools contiguous rows) and handed to the critic with their
-event index. Only the events with pairs are scored (no other event's
-score depends on the interpolated muons): on the CPU exactly those, elsewhere min(B, M)
-rows padded with empty events (:func:`muongen.model.generator.events_with_muons`).
+event index. Only the events with pairs are scored (no other event's score depends on
+the interpolated muons): on the CPU exactly those, elsewhere min(B, M) rows padded with
+empty events (:func:`muongen.model.generator.events_with_muons`).
 """
 
 from __future__ import annotations
