@@ -97,8 +97,8 @@ class ModelConfig:
     critic_local_width: int = 32
     """EPiC critic: width of each muon's vector."""
     critic_global_width: int = 64
-    """EPiC critic: width of each event's vector (128 measured no better, and slower; the
-    presets set 32: as faithful as 64 within the seed spread, and a 1.1-1.2x faster step)."""
+    """EPiC critic: width of each event's vector (128 measured no better, and slower; 32
+    gives a 1.1-1.2x faster step but a worse pooled muon radius: README, "Presets")."""
     critic_layers: int = 1
     """EPiC critic: muon <-> event exchange layers (2 measured no better, and slower)."""
     max_generated_muons: int = 20000
