@@ -25,13 +25,7 @@ from muongen import schema
 from muongen.config import ModelConfig
 from muongen.model.layers import leaky_relu, mlp, split_linear
 from muongen.model.normaliser import Standardiser, muon_standardiser
-from muongen.model.pooling import segment_max, segment_mean
-
-
-def event_index_of(counts: torch.Tensor, n_muons: int) -> torch.Tensor:
-    """(N,) int64: the event each muon belongs to, from counts (B,); no host sync."""
-    events = torch.arange(counts.shape[0], device=counts.device)
-    return torch.repeat_interleave(events, counts, output_size=n_muons)
+from muongen.model.pooling import event_index_of, segment_max, segment_mean
 
 
 class _SetCritic(nn.Module):

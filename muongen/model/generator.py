@@ -52,6 +52,7 @@ from muongen.model.layers import (
 from muongen.model.losses import multiplicity_loss, multiplicity_nll
 from muongen.model.multiplicity import HurdleMultiplicity
 from muongen.model.normaliser import Standardiser, muon_standardiser
+from muongen.model.pooling import event_index_of
 
 #: muons per block of the local net without autograd on the CPU (Generator._local): a
 #: block's activations (2048 x 128 floats, 1 MiB) stay in a core's cache between layers
@@ -307,8 +308,7 @@ class Generator(nn.Module):
         ):
             return rest(split_linear(first, context, z_local, counts))
         event_part, w_muon = split_parts(first, context)
-        events = torch.arange(counts.shape[0], device=counts.device)
-        event_index = torch.repeat_interleave(events, counts, output_size=n_muons)
+        event_index = event_index_of(counts, n_muons)
         out = z_local.new_empty(n_muons, self.n_features)
         for start in range(0, n_muons, LOCAL_BLOCK_ROWS):
             rows = slice(start, start + LOCAL_BLOCK_ROWS)

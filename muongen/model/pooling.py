@@ -20,6 +20,12 @@ from __future__ import annotations
 import torch
 
 
+def event_index_of(counts: torch.Tensor, n_muons: int) -> torch.Tensor:
+    """(N,) int64: the event each row belongs to, from counts (B,); no host sync."""
+    events = torch.arange(counts.shape[0], device=counts.device)
+    return torch.repeat_interleave(events, counts, output_size=n_muons)
+
+
 def segment_sum(h: torch.Tensor, event_index: torch.Tensor, n_events: int) -> torch.Tensor:
     """(N, H) rows -> (B, H) per-event sums (rows may be in any order)."""
     return h.new_zeros(n_events, h.shape[1]).index_add_(0, event_index, h)

@@ -38,6 +38,7 @@ from muongen.errors import ConfigError
 from muongen.model.generator import events_with_muons
 from muongen.model.losses import critic_loss, generator_loss, w_gap
 from muongen.model.penalty import gradient_penalty
+from muongen.model.pooling import event_index_of
 from muongen.train import checkpoint as ckpt
 
 STATE_VERSION = 1
@@ -112,8 +113,7 @@ class _Scored:
     event_index: torch.Tensor = field(init=False)  # (N,) the event of each real muon
 
     def __post_init__(self) -> None:
-        events = torch.arange(self.counts.shape[0], device=self.counts.device)
-        self.event_index = torch.repeat_interleave(events, self.counts, output_size=self.n_muons)
+        self.event_index = event_index_of(self.counts, self.n_muons)
 
     @property
     def n_muons(self) -> int:
