@@ -53,10 +53,13 @@ class _SegmentMax(torch.autograd.Function):
     ``grad[event] * weight``, is written in differentiable operations, so the double
     backward of the gradient penalty goes through it (an index_add of ``weight``-scaled
     rows), and its derivative with respect to ``h`` is 0 as for any piecewise-linear max.
-    On the CPU, when no (event, channel) has two rows at its maximum (the usual case for
-    continuous features), the weight is the boolean mask of the maximal rows itself: the
-    tie count's three (N, H) passes and the float mask are skipped (~10% of the shared
-    bench's training step at 3 muons per event).
+
+    The mask of the maximal rows is built in floating point, ``1 - sign(max - h)`` (the
+    difference is >= 0, and 0 exactly at the maximum): on the CPU, boolean tensors take
+    slow paths (``==``, a cast, ``where`` on an (N, H) mask cost 4-20x a float ``-`` or
+    ``*``). When no (event, channel) has two rows at its maximum (the usual case for
+    continuous features) the mask is the weight itself and the tie count's (N, H) passes
+    are skipped (read on the host; on the CPU only, where that read is free).
     """
 
     @staticmethod
@@ -66,30 +69,26 @@ class _SegmentMax(torch.autograd.Function):
         b = counts.shape[0]
         rows = event_index.unsqueeze(1).expand(-1, h.shape[1])
         top = h.new_zeros(b, h.shape[1]).scatter_reduce_(0, rows, h, "amax", include_self=False)
-        hit = h == top.index_select(0, event_index)  # (N, H) rows at the max
-        if h.device.type == "cpu" and _no_ties(hit, counts):
-            weight = hit  # one row per (event, channel) at its max: weight 1 there, 0 else
-        else:
-            ties = segment_sum(hit.to(h.dtype), event_index, b)  # (B, H), >= 1 where rows
-            weight = hit * ties.clamp(min=1.0).reciprocal().index_select(0, event_index)
+        gap = top.index_select(0, event_index).sub_(h)  # (N, H) >= 0, 0 at the maxima
+        weight = gap.sign_().neg_().add_(1.0)  # 1 at the maxima, 0 elsewhere
+        if h.device.type != "cpu" or not _no_ties(weight, counts):
+            ties = segment_sum(weight, event_index, b)  # (B, H), >= 1 where rows
+            weight = weight.mul_(ties.clamp_(min=1.0).reciprocal_().index_select(0, event_index))
         ctx.save_for_backward(weight, event_index)
         return top
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         weight, event_index = ctx.saved_tensors
-        rows = grad.index_select(0, event_index)
-        if weight.dtype == torch.bool:  # no ties: select, with no cast of the mask
-            return torch.where(weight, rows, 0.0), None, None
-        return rows * weight, None, None
+        return grad.index_select(0, event_index).mul_(weight), None, None
 
 
 def _no_ties(hit: torch.Tensor, counts: torch.Tensor) -> bool:
     """Whether every (event with rows, channel) has exactly one row at its maximum.
 
-    With finite values each such pair has at least one, so the total number of hits
-    equals their number exactly when none has two (a NaN makes the update non-finite,
-    and the training step skips it). Read on the host: free on the CPU (the only caller), where
-    it spares the tie count's (N, H) passes; elsewhere the tie count runs on the device.
+    ``hit`` (N, H) is nonzero at the rows at their event's maximum. With finite values each
+    (event with rows, channel) has at least one, so the number of hits equals their number
+    exactly when none has two (a NaN makes the update non-finite, and the training step
+    skips it).
     """
-    return int(hit.sum()) == int(torch.count_nonzero(counts)) * hit.shape[1]
+    return int(torch.count_nonzero(hit)) == int(torch.count_nonzero(counts)) * hit.shape[1]
