@@ -23,7 +23,7 @@ from torch import nn
 
 from muongen import schema
 from muongen.config import ModelConfig
-from muongen.model.layers import leaky_relu, mlp, split_linear
+from muongen.model.layers import leaky_relu, mlp, narrow_linear, split_linear
 from muongen.model.normaliser import Standardiser, muon_standardiser
 from muongen.model.pooling import event_index_of, segment_max, segment_mean
 
@@ -147,7 +147,7 @@ class EpicCritic(_SetCritic):
             event_index = event_index_of(counts, muons.shape[0])
         c = self.cond_norm(cond).to(muons.dtype)
         log_n = torch.log1p(counts.to(muons.dtype)).unsqueeze(-1)  # (B, 1)
-        phi = _act_(self.embed(muons))  # (N, L)
+        phi = _act_(narrow_linear(self.embed, muons))  # (N, L)
         moments = segment_mean(torch.cat([muons, muons * muons], -1), counts, event_index)
         pooled = _pool(phi, counts, event_index)  # (B, 2L)
         g = _act(self.global_in(torch.cat([pooled, moments, c, log_n], -1)))  # (B, G)

@@ -43,7 +43,6 @@ from torch import nn
 from muongen import schema
 from muongen.config import ModelConfig
 from muongen.model.layers import (
-    leaky_relu,
     leaky_relu_inplace,
     mlp,
     split_linear,
@@ -157,7 +156,8 @@ class Generator(nn.Module):
             cfg.z_global + nc + 1,
             [*cfg.global_hidden, cfg.context],
             None,
-            activation=leaky_relu,
+            # in place: a LayerNorm's backward reads its input, not its output
+            activation=leaky_relu_inplace,
             layer_norm=True,
         )
         # in-place activations: the per-muon rows are the sampler's biggest tensors

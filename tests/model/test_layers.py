@@ -8,7 +8,7 @@ import torch
 from muongen.model import build_models
 from muongen.model.critic import event_index_of
 from muongen.model.generator import events_with_muons
-from muongen.model.layers import split_linear
+from muongen.model.layers import narrow_linear, split_linear
 from muongen.model.pooling import _no_ties, segment_max, segment_mean, segment_sum
 
 from .conftest import random_counts, small_model_config
@@ -55,6 +55,21 @@ def test_split_linear_gradients_equal_the_unsplit_layer_to_second_order():
     w1 = torch.autograd.grad(g1.pow(2).sum(), linear.weight)[0]
     w2 = torch.autograd.grad(g2.pow(2).sum(), linear.weight)[0]
     torch.testing.assert_close(w1, w2)
+
+
+def test_narrow_linear_equals_the_linear_to_second_order():
+    gen = torch.Generator().manual_seed(3)
+    linear = torch.nn.Linear(3, 32).double()
+    x = torch.randn(40, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    torch.testing.assert_close(narrow_linear(linear, x), linear(x))
+    w = torch.randn(40, 32, generator=gen, dtype=torch.float64)
+
+    def grads(layer):
+        (gx,) = torch.autograd.grad((layer(x).tanh() * w).sum(), x, create_graph=True)
+        return torch.autograd.grad(gx.pow(2).sum(), [x, linear.weight, linear.bias])
+
+    for ours, plain in zip(grads(lambda v: narrow_linear(linear, v)), grads(linear)):
+        torch.testing.assert_close(ours, plain)
 
 
 def test_generator_local_net_is_the_split_of_the_unsplit_net():
