@@ -152,3 +152,14 @@ def test_events_with_muons_exact_or_padded_without_a_sync(exact):
         assert n.tolist() == [2, 1, 1, 0] and rows.tolist()[:3] == [1, 4, 6]
     full = torch.tensor([1, 1])
     assert events_with_muons(full, 2, exact=exact) == (None, full)  # nothing to drop
+
+
+def test_segment_max_with_a_nan_row_takes_the_tie_path_without_raising():
+    counts = torch.tensor([2, 1])
+    index = event_index_of(counts, 3)
+    h = torch.tensor([[1.0, float("nan")], [2.0, 0.0], [3.0, 1.0]], requires_grad=True)
+    top = segment_max(h, counts, index)
+    assert top[1].tolist() == [3.0, 1.0] and top[0, 0] == 2.0
+    assert top[0, 1].isnan()  # a non-finite score: the training step skips the update
+    (grad,) = torch.autograd.grad(top.sum(), h)
+    assert grad[:, 0].tolist() == [0.0, 1.0, 1.0]
