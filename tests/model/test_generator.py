@@ -119,6 +119,29 @@ def test_azimuthal_symmetry_is_exact_by_default():
     assert not radial.rotate
 
 
+def test_without_a_seed_only_events_with_muons_draw_noise_and_turn_exactly():
+    """Unseeded (training, the shared benches) only the events with muons draw their
+    event noise and angle; the bundles are still the unrotated ones turned by U(0, 1)."""
+    gen, _ = build_models(small_model_config())
+    plain, _ = build_models(small_model_config(lateral_rotate=False))
+    plain.load_state_dict(gen.state_dict())
+    cond = torch.randn(40, 4)
+    counts = torch.randint(0, 4, (40,))
+    counts[:5] = 0
+    n, kept = int(counts.sum()), int(torch.count_nonzero(counts))
+    torch.manual_seed(3)
+    out = gen.generate_with_counts(cond, counts, n)
+    torch.manual_seed(3)
+    unturned = plain.generate_with_counts(cond, counts, n)
+    u = torch.rand((kept,))  # the next draw: one angle per event with muons
+    angle = torch.repeat_interleave(2 * torch.pi * u, counts[counts > 0])
+    x, y = unturned[:, 1], unturned[:, 2]
+    turned = torch.stack(
+        [unturned[:, 0], angle.cos() * x - angle.sin() * y, angle.sin() * x + angle.cos() * y], 1
+    )
+    torch.testing.assert_close(out, turned, rtol=0, atol=1e-6)
+
+
 @pytest.mark.parametrize("hidden", [[], [8], [8, 12]])
 def test_global_net_widths_follow_the_config(hidden):
     """model.global_hidden: the widths before the context layer ([128] the original's)."""
