@@ -101,6 +101,12 @@ class ModelConfig:
     gives a 1.1-1.2x faster step but a worse pooled muon radius: README, "Presets")."""
     critic_layers: int = 1
     """EPiC critic: muon <-> event exchange layers (2 measured no better, and slower)."""
+    critic_log_radius: bool = False
+    """xy representation: the critic also sees each muon's log distance to the axis,
+    0.5 log(x^2 + y^2 + 0.03^2) in standardised units, as a fourth input, and the gradient
+    penalty holds it to the same unit slope as the others (it interpolates in that
+    space): a critic Lipschitz in x and y alone can tell little about the radii of the
+    muons closest to the axis, which log-radius metrics weigh as much as the far ones."""
     max_generated_muons: int = 20000
     """Cap on the muons the generator makes for one event (protects memory; 0: no cap)."""
     multiplicity: Literal["lognormal", "hurdle", "round"] = "hurdle"

@@ -27,14 +27,36 @@ from muongen.model.layers import leaky_relu, mlp, narrow_linear, split_linear
 from muongen.model.normaliser import Standardiser, muon_standardiser
 from muongen.model.pooling import event_index_of, segment_max, segment_mean
 
+#: the log radius's floor, in standardised x and y units (a few tenths of a metre)
+LOG_RADIUS_FLOOR = 0.03
+
 
 class _SetCritic(nn.Module):
-    """What both critics share: ``forward`` standardises the muons and calls the
-    subclass's ``score(muons, cond, counts, event_index)``, which takes standardised
-    muons (where the training step computes the gradient penalty)."""
+    """What both critics share: ``forward`` maps the muons to the critic's input space
+    (:meth:`inputs`: standardised, plus the log radius with ``model.critic_log_radius``)
+    and calls the subclass's ``score(inputs, cond, counts, event_index)``, where the
+    training step computes the gradient penalty."""
 
     muon_norm: nn.Module
     score: Callable[..., torch.Tensor]
+
+    def _setup_inputs(self, cfg: ModelConfig) -> int:
+        """Set the input map from the config; returns the number of inputs per muon."""
+        self.muon_norm = muon_standardiser(cfg)
+        self.log_radius = cfg.critic_log_radius and cfg.representation == "xy"
+        return schema.muon_feature_dim(cfg.representation) + int(self.log_radius)
+
+    def inputs(self, muons: torch.Tensor) -> torch.Tensor:
+        """(N, F) muon features -> (N, F') what :meth:`score` takes: the standardised
+        features, then (``model.critic_log_radius``) 0.5 log(x^2 + y^2 + floor^2) of the
+        standardised x and y. The training step interpolates real and fake muons here for
+        the gradient penalty, so the critic is 1-Lipschitz in the log radius as well."""
+        z = self.muon_norm(muons)
+        if not self.log_radius:
+            return z
+        xy = z[:, 1:3]
+        r2 = xy.square().sum(-1, keepdim=True) + LOG_RADIUS_FLOOR**2
+        return torch.cat([z, 0.5 * torch.log(r2)], -1)
 
     def forward(
         self,
@@ -56,7 +78,7 @@ class _SetCritic(nn.Module):
         Returns:
             (B,) scores.
         """
-        return self.score(self.muon_norm(muons), cond, counts, event_index)
+        return self.score(self.inputs(muons), cond, counts, event_index)
 
 
 class Critic(_SetCritic):
@@ -64,11 +86,10 @@ class Critic(_SetCritic):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.n_features = schema.muon_feature_dim(cfg.representation)
+        self.n_features = self._setup_inputs(cfg)
         self.pooling = cfg.pooling
         nc = schema.N_CONDITION
         self.cond_norm = Standardiser(nc)
-        self.muon_norm = muon_standardiser(cfg)
         width = cfg.critic_muon_hidden[-1]
         self.muon_net = mlp(
             self.n_features + nc,
@@ -90,7 +111,7 @@ class Critic(_SetCritic):
         counts: torch.Tensor,
         event_index: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Like :meth:`forward` but for standardised muons (N, F) (``muon_norm(muons)``)."""
+        """Like :meth:`forward` but for muons already mapped by :meth:`inputs` (N, F')."""
         if event_index is None:
             event_index = event_index_of(counts, muons.shape[0])
         cond = self.cond_norm(cond)
@@ -124,11 +145,10 @@ class EpicCritic(_SetCritic):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.n_features = f = schema.muon_feature_dim(cfg.representation)
+        self.n_features = f = self._setup_inputs(cfg)
         nc = schema.N_CONDITION
         local, wide = cfg.critic_local_width, cfg.critic_global_width
         self.cond_norm = Standardiser(nc)
-        self.muon_norm = muon_standardiser(cfg)
         self.embed = nn.Linear(f, local)
         self.global_in = nn.Linear(2 * local + 2 * f + nc + 1, wide)
         self.layers = nn.ModuleList(_EpicLayer(local, wide, nc) for _ in range(cfg.critic_layers))
@@ -142,7 +162,7 @@ class EpicCritic(_SetCritic):
         counts: torch.Tensor,
         event_index: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Like :meth:`forward` but for standardised muons (N, F) (``muon_norm(muons)``)."""
+        """Like :meth:`forward` but for muons already mapped by :meth:`inputs` (N, F')."""
         if event_index is None:
             event_index = event_index_of(counts, muons.shape[0])
         c = self.cond_norm(cond).to(muons.dtype)

@@ -298,16 +298,16 @@ class GanStep:
             gp = torch.zeros((), device=self.device)
             if use_gp:
                 # fp16 has too little range for the double backward: GP in fp32 then.
-                # The penalty acts on standardised muons (Critic.score): a unit gradient
-                # norm per standardised feature, not per x / 500 m (see critic.py).
-                norm = self.critic.muon_norm
+                # The penalty acts in the critic's input space (Critic.inputs: standardised
+                # muons): a unit gradient norm per standardised feature, not per x / 500 m.
+                inputs = self.critic.inputs
                 with self._autocast(enabled=self.amp_dtype is torch.bfloat16):
                     gp = self.penalty_fn(
                         self.critic.score,
                         mb.cond,
-                        norm(mb.muons),
+                        inputs(mb.muons),
                         mb.counts,
-                        norm(fake),
+                        inputs(fake),
                         fake_counts,
                         max_pairs=ocfg.gp_max_pairs,
                         fraction=ocfg.gp_fraction,

@@ -22,10 +22,12 @@ CRITICS = [
     dict(critic="pointnet", pooling="amax"),
     dict(critic="pointnet", pooling="mean"),
     dict(critic="epic", critic_global_width=24),
+    dict(critic="epic", critic_log_radius=True),
 ]
+IDS = ["amax", "mean", "epic", "epic-log-radius"]
 
 
-@pytest.mark.parametrize("critic_cfg", CRITICS, ids=["amax", "mean", "epic"])
+@pytest.mark.parametrize("critic_cfg", CRITICS, ids=IDS)
 def test_score_invariant_to_muon_order_within_events(critic_cfg, ragged):
     torch.manual_seed(0)
     _, critic = build_models(small_model_config(**critic_cfg))
@@ -35,7 +37,7 @@ def test_score_invariant_to_muon_order_within_events(critic_cfg, ragged):
     torch.testing.assert_close(critic(shuffled, cond, counts), critic(muons, cond, counts))
 
 
-@pytest.mark.parametrize("critic_cfg", CRITICS, ids=["amax", "mean", "epic"])
+@pytest.mark.parametrize("critic_cfg", CRITICS, ids=IDS)
 def test_events_are_scored_independently(critic_cfg, ragged):
     torch.manual_seed(0)
     _, critic = build_models(small_model_config(**critic_cfg))
@@ -97,3 +99,25 @@ def test_amax_critic_pools_before_its_last_activation_exactly(ragged):
             assert a is None and b is None
         else:
             torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("critic", ["epic", "pointnet"])
+def test_log_radius_input_is_the_standardised_radius(critic, ragged):
+    torch.manual_seed(0)
+    _, plain = build_models(small_model_config(critic=critic))
+    _, with_r = build_models(small_model_config(critic=critic, critic_log_radius=True))
+    cond, muons, counts = ragged(b=12, seed=6)
+    z = plain.inputs(muons)
+    assert z.shape[1] == 3
+    torch.testing.assert_close(z, plain.muon_norm(muons))
+    got = with_r.inputs(muons)
+    assert got.shape[1] == 4
+    torch.testing.assert_close(got[:, :3], z)
+    r = torch.hypot(z[:, 1], z[:, 2])
+    torch.testing.assert_close(got[:, 3], torch.log(torch.sqrt(r**2 + 0.03**2)))
+    assert torch.isfinite(with_r(muons, cond, counts)).all()
+    # no azimuth in the radial representation: nothing is added there
+    _, radial = build_models(
+        small_model_config(critic=critic, critic_log_radius=True, representation="radial")
+    )
+    assert radial.inputs(muons[:, :2].abs()).shape[1] == 2

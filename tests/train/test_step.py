@@ -372,3 +372,24 @@ def test_scoring_only_events_with_muons_keeps_the_batch_means(critic):
     batch = RaggedBatch(batch.conditions, muons, counts)
     assert 0 < batch.n_muons < batch.n_events and (counts == 0).sum() > 20
     _check_critic_update(gen, crit, batch, OptimConfig(n_critic=1, gp_lambda=0.0))
+
+
+def test_log_radius_penalty_interpolates_in_the_critics_input_space():
+    """With model.critic_log_radius the penalty gets the critic's inputs (standardised
+    features plus the log radius), so it holds the critic to unit slope in the log radius."""
+    gen, critic = small_models(critic_log_radius=True)
+    step = GanStep(gen, critic, OptimConfig(n_critic=1, gp_every=1), TrainConfig(), "cpu")
+    seen = []
+    penalty = step.penalty_fn
+
+    def spy(score, cond, real, real_counts, fake, fake_counts, **kw):
+        seen.append((real.detach(), fake.detach()))
+        return penalty(score, cond, real, real_counts, fake, fake_counts, **kw)
+
+    step.penalty_fn = spy
+    batch = toy_batch(24, torch.Generator().manual_seed(2))
+    out = step([batch])
+    assert torch.isfinite(out["gp"]) and out["gp"] > 0
+    ((real, fake),) = seen
+    assert real.shape[1] == fake.shape[1] == 4
+    torch.testing.assert_close(real, critic.inputs(batch.muons))
