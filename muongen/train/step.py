@@ -110,6 +110,9 @@ class _Scored:
     n_events: int  # B, the events the losses average over
     valid: torch.Tensor | None  # (B',) bool: scored rows that count (None: all)
     weight: torch.Tensor | None = None  # (B',) each scored event's loss weight (None: 1)
+    # (N, F') the real muons mapped to the critic's inputs (Critic.inputs): once per step,
+    # not once per critic call (the map has no trained parameters)
+    inputs: torch.Tensor | None = None
     event_index: torch.Tensor = field(init=False)  # (N,) the event of each real muon
 
     def __post_init__(self) -> None:
@@ -203,11 +206,12 @@ class GanStep:
         self.skipped_critic = torch.zeros((), dtype=torch.int64, device=self.device)
 
         self._generate = generator.generate_with_counts
-        self._critic_fwd = critic
+        # the critic scores muons already mapped by critic.inputs (see _Scored.inputs)
+        self._critic_fwd = critic.score
         if train_cfg.compile:
             self._generate = torch.compile(generator.generate_with_counts, dynamic=True)
             if optim_cfg.gp_lambda == 0:  # the GP's double backward does not compile
-                self._critic_fwd = torch.compile(critic, dynamic=True)
+                self._critic_fwd = torch.compile(critic.score, dynamic=True)
 
     # ------------------------------------------------------------------ the step
 
@@ -284,11 +288,11 @@ class GanStep:
         for mb, w in zip(micro, weights):
             with torch.no_grad(), self._autocast():
                 fake, fake_counts = self._fake(mb)
-            fake = fake.to(mb.muons.dtype)
+            fake = self.critic.inputs(fake.to(mb.muons.dtype))  # for the fake set and the GP
             fake_index = mb.event_index if fake_counts is mb.counts else None
             per_event = w / max(mb.n_events, 1)  # the losses' means are sums / B
             with self._autocast():
-                d_real = mb.mask(self._critic_fwd(mb.muons, mb.cond, mb.counts, mb.event_index))
+                d_real = mb.mask(self._critic_fwd(mb.inputs, mb.cond, mb.counts, mb.event_index))
             d_real = d_real.float()
             self._backward(d_real.sum() * -per_event)  # - mean D(real)
             with self._autocast():
@@ -300,14 +304,13 @@ class GanStep:
                 # fp16 has too little range for the double backward: GP in fp32 then.
                 # The penalty acts in the critic's input space (Critic.inputs: standardised
                 # muons): a unit gradient norm per standardised feature, not per x / 500 m.
-                inputs = self.critic.inputs
                 with self._autocast(enabled=self.amp_dtype is torch.bfloat16):
                     gp = self.penalty_fn(
                         self.critic.score,
                         mb.cond,
-                        inputs(mb.muons),
+                        mb.inputs,
                         mb.counts,
-                        inputs(fake),
+                        fake,
                         fake_counts,
                         max_pairs=ocfg.gp_max_pairs,
                         fraction=ocfg.gp_fraction,
@@ -334,6 +337,7 @@ class GanStep:
                     # the multiplicity head learns from every event, empty ones too
                     m = self.generator.multiplicity_loss(mb.batch.conditions, mb.batch.counts)
                     fake_index = mb.event_index if fake_counts is mb.counts else None
+                    fake = self.critic.inputs(fake)
                     d_fake = mb.mask(self._critic_fwd(fake, mb.cond, fake_counts, fake_index))
                 g = generator_loss(d_fake.float(), n_events=mb.n_events)
                 m = m.float()
@@ -352,8 +356,10 @@ class GanStep:
     def _scored(self, mb: RaggedBatch) -> _Scored:
         """The events of ``mb`` the critic scores (see :class:`_Scored`)."""
         b, n = mb.n_events, mb.n_muons
+        with torch.no_grad():
+            inputs = self.critic.inputs(mb.muons)
         if self.train_cfg.fake_counts != "real":
-            return _Scored(mb, mb.conditions, mb.muons, mb.counts, mb.n_events, None)
+            return _Scored(mb, mb.conditions, mb.muons, mb.counts, b, None, inputs=inputs)
         rows, counts = events_with_muons(mb.counts, n)
         cond = mb.conditions if rows is None else mb.conditions[rows]
         weight = None
@@ -361,7 +367,7 @@ class GanStep:
             # log(1 + N), mean 1 over all B events (the unscored empty ones weigh 0)
             f = torch.log1p(counts.to(torch.float32))
             weight = f * (b / f.sum().clamp(min=1e-12))
-        return _Scored(mb, cond, mb.muons, counts, b, counts > 0, weight)
+        return _Scored(mb, cond, mb.muons, counts, b, counts > 0, weight, inputs)
 
     def _fake(self, mb: _Scored) -> tuple[torch.Tensor, torch.Tensor]:
         """Fake muons (N', F) and their counts (B',) for the scored events' conditions."""
