@@ -7,7 +7,9 @@ The model (vectorised numpy, physics-inspired, not a simulation):
   muon; the default ``production`` mix uses gamma = 1.7 (a flat generation spectrum, as
   simulation productions do) which gives the production average of ~0.37 muons per row,
   ~96 % empty rows and a tail of rows with thousands of muons. The ``rich`` mix
-  (E0 >= 1e5 GeV, zenith <= 60 deg) gives ~12 muons per row for muon-bound benchmarks.
+  (E0 >= 1e5 GeV, zenith <= 60 deg) gives ~12 muons per row for muon-bound benchmarks;
+  the ``broad`` blend draws 2/3 of its showers from the rich mix and 1/3 from the
+  production mix (~8 muons per row, 43% of rows with muons), for training on both.
   Mass number A from {1, 4, 14, 28, 56} (H, He, N, Al, Fe) with weights
   {0.4, 0.3, 0.15, 0.1, 0.05}; cos(zenith) uniform up to 85 degrees.
 * Rows: as in production, every shower gives one row per depth of PRODUCTION_DEPTHS_M
@@ -76,6 +78,11 @@ MIXES = {
     "production": Mix(gamma=1.7, e_min=1e3, e_max=1e9, zenith_max_deg=85.0),
     "rich": Mix(gamma=1.7, e_min=1e5, e_max=1e9, zenith_max_deg=60.0),
 }
+# Blends draw each shower from one of the mixes above, with these probabilities. broad:
+# the rich mix's muon-rich showers plus the whole production range (E0 down to 1e3 GeV,
+# zenith to 85 degrees), for training a model that is evaluated on both.
+BLENDS = {"broad": ((2.0 / 3.0, "rich"), (1.0 / 3.0, "production"))}
+MIX_NAMES = (*MIXES, *BLENDS)
 
 
 def _power_law(
@@ -110,11 +117,14 @@ def generate(
     n_rows: int, rng: np.random.Generator, *, mix: str = "production", major: int = 0
 ) -> tuple[RaggedBatch, tuple[np.ndarray, np.ndarray]]:
     """``n_rows`` synthetic rows (physical units) and their (major, minor) shower ids."""
-    m = MIXES[mix]
     n_showers = -(-n_rows // ROWS_PER_SHOWER)
-    e0 = _power_law(rng.random(n_showers), m.gamma, m.e_min, m.e_max)
-    mass = rng.choice(MASSES, n_showers, p=MASS_WEIGHTS)
-    cos_zen = rng.uniform(np.cos(np.radians(m.zenith_max_deg)), 1.0, n_showers)
+    if mix in BLENDS:
+        e0, mass, cos_zen = _blend_showers(n_showers, rng, BLENDS[mix])
+    else:
+        m = MIXES[mix]
+        e0 = _power_law(rng.random(n_showers), m.gamma, m.e_min, m.e_max)
+        mass = rng.choice(MASSES, n_showers, p=MASS_WEIGHTS)
+        cos_zen = rng.uniform(np.cos(np.radians(m.zenith_max_deg)), 1.0, n_showers)
     shower = np.repeat(np.arange(n_showers), ROWS_PER_SHOWER)[:n_rows]  # (B,)
     depth = np.tile(schema.PRODUCTION_DEPTHS_M, n_showers)[:n_rows]
     e0, mass, cos_zen = e0[shower], mass[shower], cos_zen[shower]
@@ -138,6 +148,23 @@ def generate(
     muons = np.column_stack([e_mu, r * np.sin(phi), r * np.cos(phi)]).astype(np.float32)
     ids = (np.full(n_rows, major, np.uint64), shower.astype(np.uint64))
     return RaggedBatch.from_numpy(cond, muons, counts), ids
+
+
+def _blend_showers(
+    n: int, rng: np.random.Generator, parts: tuple[tuple[float, str], ...]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(E0, A, cos zenith) of ``n`` showers, each drawn from one of ``parts``' mixes."""
+    weights = np.array([w for w, _ in parts])
+    part = rng.choice(len(parts), n, p=weights / weights.sum())
+    u_energy, u_zenith = rng.random(n), rng.random(n)
+    mass = rng.choice(MASSES, n, p=MASS_WEIGHTS)
+    e0, cos_zen = np.empty(n), np.empty(n)
+    for i, (_, name) in enumerate(parts):
+        m, sel = MIXES[name], part == i
+        e0[sel] = _power_law(u_energy[sel], m.gamma, m.e_min, m.e_max)
+        lo = np.cos(np.radians(m.zenith_max_deg))
+        cos_zen[sel] = lo + (1.0 - lo) * u_zenith[sel]
+    return e0, mass, cos_zen
 
 
 def file_path(out_dir: str | Path, number: int, fmt: str, *, ranges: bool = False) -> Path:
@@ -168,8 +195,8 @@ def write_synthetic(
     fmt = FORMAT_ALIASES.get(fmt, fmt)
     if fmt not in schema.FORMATS:
         raise ConfigError(f"unknown format {fmt!r}; use v1, v2 or hdf5")
-    if mix not in MIXES:
-        raise ConfigError(f"unknown synthetic mix {mix!r}; use one of {sorted(MIXES)}")
+    if mix not in MIX_NAMES:
+        raise ConfigError(f"unknown synthetic mix {mix!r}; use one of {sorted(MIX_NAMES)}")
     if files < 0 or events_per_file < 0:
         raise ConfigError("files and events_per_file must be >= 0")
     paths = []
@@ -199,7 +226,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument(
-        "--mix", default="production", choices=sorted(MIXES), help="multiplicity mix"
+        "--mix", default="production", choices=sorted(MIX_NAMES), help="multiplicity mix"
     )
     parser.add_argument("--first", type=int, default=0, help="number of the first file (default 0)")
     parser.add_argument("--json", action="store_true", help="print the written paths as JSON")

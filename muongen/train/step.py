@@ -363,9 +363,10 @@ class GanStep:
         rows, counts = events_with_muons(mb.counts, n)
         cond = mb.conditions if rows is None else mb.conditions[rows]
         weight = None
-        if self.optim_cfg.event_weight == "log":
-            # log(1 + N), mean 1 over all B events (the unscored empty ones weigh 0)
-            f = torch.log1p(counts.to(torch.float32))
+        if self.optim_cfg.event_weight != "none":
+            # log(1 + N) or sqrt(N), mean 1 over all B events (the unscored empty ones weigh 0)
+            n_mu = counts.to(torch.float32)
+            f = torch.log1p(n_mu) if self.optim_cfg.event_weight == "log" else n_mu.sqrt()
             weight = f * (b / f.sum().clamp(min=1e-12))
         return _Scored(mb, cond, mb.muons, counts, b, counts > 0, weight, inputs)
 

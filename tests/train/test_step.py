@@ -335,16 +335,19 @@ def _check_critic_update(gen, crit, batch, ocfg, weight=None):
     return out, fake, loss.detach(), (d_fake - d_real).mean().detach()
 
 
-def test_event_weights_weigh_real_and_fake_alike():
-    """optim.event_weight=log: c_loss, w_gap and the critic's gradient are those of
-    sum_e w_e (D(fake_e) - D(real_e)) / B with w_e = log(1 + N_e) normalised to mean 1
-    over the batch (empty events weigh 0), and g_loss that of -sum_e w_e D(fake_e) / B."""
+@pytest.mark.parametrize("kind", ["log", "sqrt"])
+def test_event_weights_weigh_real_and_fake_alike(kind):
+    """optim.event_weight=log|sqrt: c_loss, w_gap and the critic's gradient are those of
+    sum_e w_e (D(fake_e) - D(real_e)) / B with w_e = log(1 + N_e) or sqrt(N_e) normalised
+    to mean 1 over the batch (empty events weigh 0), and g_loss that of
+    -sum_e w_e D(fake_e) / B."""
     gen, crit = small_models(critic_global_width=16)
     batch = toy_batch(40, torch.Generator().manual_seed(3))
     assert (batch.counts == 0).any() and int(batch.counts.max()) > 3
-    f = torch.log1p(batch.counts.float())
-    w = f * 40 / f.sum()
-    ocfg = OptimConfig(n_critic=1, gp_lambda=0.0, event_weight="log")
+    n = batch.counts.double()
+    f = torch.log1p(n) if kind == "log" else n.sqrt()
+    w = (f * 40 / f.sum()).float()
+    ocfg = OptimConfig(n_critic=1, gp_lambda=0.0, event_weight=kind)
     out, fake, loss, unweighted = _check_critic_update(gen, crit, batch, ocfg, w)
     assert abs(float(loss - unweighted)) > 1e-4  # the weights changed something
     with torch.no_grad():
