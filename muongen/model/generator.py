@@ -202,12 +202,18 @@ class Generator(nn.Module):
             return mean
         return mean + torch.exp(log_std) * _noise(tuple(mean.shape), mean, generator)
 
-    def multiplicity_loss(self, cond: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    def multiplicity_loss(
+        self,
+        cond: torch.Tensor,
+        counts: torch.Tensor,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
         """The head's training loss on the real counts (B,) of conditions (B, 4): the MSE
         of the mean (round), the Gaussian NLL (lognormal), or the hurdle's BCE plus
-        pinball loss (:meth:`HurdleMultiplicity.loss`)."""
+        pinball loss (:meth:`HurdleMultiplicity.loss`, its noise from ``generator``)."""
         if self.multiplicity_mode == "hurdle":
-            return self.multiplicity.loss(self.cond_norm(cond), counts)
+            return self.multiplicity.loss(self.cond_norm(cond), counts, generator)
         mean, log_std = self.multiplicity_params(cond)
         if log_std is None:  # the original's MSE
             return multiplicity_loss(mean.float(), counts)

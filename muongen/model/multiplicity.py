@@ -124,15 +124,19 @@ class HurdleMultiplicity(nn.Module):
         y = interpolate_quantiles(knots, self.levels, tau).clamp(min=ONE_MUON)
         return torch.where(u < p0, torch.zeros_like(y), y)
 
-    def loss(self, c: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    def loss(
+        self, c: torch.Tensor, counts: torch.Tensor, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
         """BCE of "empty" over all events plus the mean pinball loss of the knots over the
-        events with muons (their targets dequantised with fresh uniform noise)."""
+        events with muons (their targets dequantised with fresh uniform noise, drawn from
+        ``generator`` when given)."""
         logit, knots = self.params(c)
         logit, knots = logit.float(), knots.float()  # fp32 targets and loss under autocast
         empty = counts == 0
         bce = F.binary_cross_entropy_with_logits(logit, empty.float())
         n = counts.float()
-        y = torch.log10(n + 0.5 + torch.rand_like(n)).unsqueeze(-1)  # (B, 1)
+        u = torch.rand(n.shape, generator=generator, device=n.device, dtype=n.dtype)
+        y = torch.log10(n + 0.5 + u).unsqueeze(-1)  # (B, 1)
         resid = y - knots  # (B, K)
         pinball = torch.maximum(self.levels * resid, (self.levels - 1.0) * resid).mean(-1)
         kept = (~empty).float()

@@ -61,6 +61,7 @@ def gradient_penalty(
     norm: Norm = "muon",
     alpha: torch.Tensor | None = None,
     permute: bool = False,
+    generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """The (unweighted) gradient penalty of ``critic`` between real and fake events.
 
@@ -75,6 +76,7 @@ def gradient_penalty(
         norm: ``"muon"`` or ``"event"`` (see the module docstring).
         alpha: (B,) interpolation weights; drawn U(0, 1) when None (tests pass them).
         permute: shuffle the real muons within each event before pairing.
+        generator: the RNG of the random draws (else the global one).
 
     Returns:
         0-d float32 tensor, differentiable with respect to the critic's parameters;
@@ -93,19 +95,19 @@ def gradient_penalty(
     if permute:
         # a random order within each event: sort by (event, uniform); float64 keeps the
         # event part exact next to the random part for up to 2^29 events
-        key = ev.double() + torch.rand(n, device=device, dtype=torch.float64)
+        key = ev.double() + torch.rand(n, device=device, dtype=torch.float64, generator=generator)
         real_row = torch.argsort(key)  # real row at each slot
     else:
         real_row = slot
     k = torch.minimum(real_counts, fake_counts)  # (B,)
     valid = rank < k[ev]  # (N,) slot holds a pair
     if fraction < 1.0:
-        valid &= (torch.rand(b, device=device) < fraction)[ev]
+        valid &= (torch.rand(b, device=device, generator=generator) < fraction)[ev]
 
     if 0 < max_pairs < n:
         # a uniform subset of the valid slots, of fixed size: the smallest random keys,
         # invalid slots keyed last (drawn only when fewer than max_pairs are valid)
-        key = torch.where(valid, torch.rand(n, device=device), 2.0)
+        key = torch.where(valid, torch.rand(n, device=device, generator=generator), 2.0)
         cand = torch.topk(key, max_pairs, largest=False, sorted=False).indices
     else:
         cand = slot
@@ -116,7 +118,7 @@ def gradient_penalty(
     e_safe = torch.where(v, e, 0)
     fake_row = torch.where(v, start_fake[e_safe] + rank[cand], 0)
     if alpha is None:
-        alpha = torch.rand(b, device=device)
+        alpha = torch.rand(b, device=device, generator=generator)
     a = alpha.to(real_muons.dtype)[e_safe].unsqueeze(-1)  # (M, 1)
     x = a * real_muons[real_row[cand]] + (1.0 - a) * fake_muons[fake_row]
     x = x.detach().requires_grad_(True)  # (M, F)
@@ -162,6 +164,7 @@ def reference_gradient_penalty(
     fraction: float = 1.0,
     norm: Norm = "muon",
     alpha: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """The same penalty, written straightforwardly with a Python loop over events.
 
@@ -174,8 +177,12 @@ def reference_gradient_penalty(
     device = cond.device
     rc, fc = real_counts.tolist(), fake_counts.tolist()
     if alpha is None:
-        alpha = torch.rand(b, device=device)
-    keep = (torch.rand(b, device=device) < fraction).tolist() if fraction < 1.0 else [True] * b
+        alpha = torch.rand(b, device=device, generator=generator)
+    keep = (
+        (torch.rand(b, device=device, generator=generator) < fraction).tolist()
+        if fraction < 1.0
+        else [True] * b
+    )
     pieces, events, ks = [], [], []
     r0 = f0 = 0
     for i in range(b):
@@ -193,7 +200,7 @@ def reference_gradient_penalty(
     total = x.shape[0]
     if 0 < max_pairs < total:
         chosen = torch.zeros(total, dtype=torch.bool, device=device)
-        chosen[torch.randperm(total, device=device)[:max_pairs]] = True
+        chosen[torch.randperm(total, device=device, generator=generator)[:max_pairs]] = True
         x = x[chosen]
         per_event = []
         start = 0

@@ -162,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
     settings = {
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "threads": torch.get_num_threads(),
+        "shards": step.shards,
         "batch": args.batch,
         "muons": batch.n_muons,
         "mean_muons_per_event": round(float(counts.mean()), 3),
@@ -196,7 +197,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         gp = "off"
     print(
-        f"bench step on {settings['device']} ({settings['threads']} threads): batch "
+        f"bench step on {settings['device']} ({settings['threads']} threads, "
+        f"{settings['shards']} shard(s)): batch "
         f"{args.batch} events / {batch.n_muons} muons ({settings['mean_muons_per_event']} per "
         f"event, {settings['empty_fraction']:.0%} empty, max {settings['max_muons_per_event']}),"
         f" n_critic {cfg.optim.n_critic}, GP {gp}, {cfg.optim.optimizer}, {settings['precision']}"

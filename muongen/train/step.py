@@ -24,11 +24,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import math
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -113,6 +117,7 @@ class _Scored:
     # (N, F') the real muons mapped to the critic's inputs (Critic.inputs): once per step,
     # not once per critic call (the map has no trained parameters)
     inputs: torch.Tensor | None = None
+    gp_pairs: int = 0  # the penalty's pair cap for these events (0: all)
     event_index: torch.Tensor = field(init=False)  # (N,) the event of each real muon
 
     def __post_init__(self) -> None:
@@ -127,6 +132,91 @@ class _Scored:
         if self.valid is not None:
             scores = torch.where(self.valid, scores, 0.0)
         return scores if self.weight is None else scores * self.weight
+
+
+#: the least work (muons plus events with muons) worth a shard of its own: below it the
+#: Python side of a shard's ~3700 operations costs more than the thread saves
+SHARD_MIN_COST = 4096
+
+#: one shard's share of a step: its scored events and their weights (shares of the batch)
+_Work = list[tuple[_Scored, float]]
+
+
+def shard_bounds(counts: torch.Tensor, shards: int, min_cost: int = 0) -> list[int]:
+    """Event boundaries cutting a microbatch into ``shards`` runs of consecutive events of
+    about equal cost, counted as one per muon plus one per event with muons (an empty
+    event is not scored); into fewer (the last runs empty) when a run would cost less than
+    ``min_cost``. Returns ``shards + 1`` non-decreasing indices from 0 to B."""
+    c = counts.detach().cpu().numpy()
+    cum = np.cumsum(c + (c > 0))
+    total = int(cum[-1]) if len(cum) else 0
+    used = max(1, min(shards, total // max(min_cost, 1)))
+    cuts = np.searchsorted(cum, [total * j / used for j in range(1, used)], side="left")
+    inner = [int(x) + 1 for x in cuts]
+    return [0, *inner, *[len(c)] * (shards - len(inner))]
+
+
+class _ShardGrads:
+    """The parameter gradients of one shard's terms, summed apart from ``.grad`` (each
+    term through ``torch.autograd.grad``): shards running at once never write the same
+    tensor. A parameter no term reached stays None, as its ``.grad`` would."""
+
+    def __init__(self, params: Sequence[torch.Tensor]) -> None:
+        self.params = list(params)
+        self.sums: list[torch.Tensor | None] | None = None
+
+    def backward(self, loss: torch.Tensor) -> None:
+        if not loss.requires_grad:  # a term without a graph (e.g. no pairs for the GP)
+            return
+        self.add(list(torch.autograd.grad(loss, self.params, allow_unused=True)))
+
+    def add(self, grads: list[torch.Tensor | None] | None) -> None:
+        """Add another set of gradients (None entries: not reached)."""
+        if grads is None:
+            return
+        if self.sums is None:
+            self.sums = grads
+        elif all(g is not None for g in grads) and all(s is not None for s in self.sums):
+            self.sums = list(torch._foreach_add(self.sums, grads))
+        else:
+            self.sums = [
+                s if g is None else g if s is None else s + g for s, g in zip(self.sums, grads)
+            ]
+
+
+_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def _shard_pool(workers: int, threads_each: int) -> ThreadPoolExecutor:
+    """A process-wide pool of ``workers`` threads, each running torch with
+    ``threads_each`` intra-op threads (set once per thread: the setting is per thread)."""
+    key = (workers, threads_each)
+    with _POOLS_LOCK:
+        if key not in _POOLS:
+            _POOLS[key] = ThreadPoolExecutor(
+                workers,
+                thread_name_prefix="muongen-shard",
+                initializer=torch.set_num_threads,
+                initargs=(threads_each,),
+            )
+        return _POOLS[key]
+
+
+def resolve_shards(requested: int, device: torch.device, compiled: bool) -> int:
+    """The step's shard count for ``train.step_shards`` (see there): 1 off the CPU and
+    with ``compile``; 0 (auto) is 2 when torch has 2 or more threads, else 1."""
+    if device.type != "cpu" or compiled:
+        if requested > 1:
+            log.info(
+                "train.step_shards=%d applies to uncompiled training on the CPU only: "
+                "the step runs as one shard",
+                requested,
+            )
+        return 1
+    if requested == 0:
+        return 2 if torch.get_num_threads() >= 2 else 1
+    return requested
 
 
 class GanStep:
@@ -205,6 +295,10 @@ class GanStep:
         self.skipped_generator = torch.zeros((), dtype=torch.int64, device=self.device)
         self.skipped_critic = torch.zeros((), dtype=torch.int64, device=self.device)
 
+        self.shards = resolve_shards(train_cfg.step_shards, self.device, train_cfg.compile)
+        # torch's threads shared out among the shards (each shard's thread sets its own)
+        self._shard_threads_each = max(1, torch.get_num_threads() // self.shards)
+        self._rngs = [torch.Generator() for _ in range(self.shards)] if self.shards > 1 else []
         self._generate = generator.generate_with_counts
         # the critic scores muons already mapped by critic.inputs (see _Scored.inputs)
         self._critic_fwd = critic.score
@@ -238,27 +332,26 @@ class GanStep:
         micro = [m for m in micro if m.n_events > 0]
         if not micro:
             raise ValueError("GanStep needs at least one microbatch with events")
-        total = sum(m.n_events for m in micro)
-        weights = [m.n_events / total for m in micro]
-        micro = [self._scored(m) for m in micro]
+        work = self._shard_work(micro)
         ocfg = self.optim_cfg
 
         c_losses, gaps, gps, bads = [], [], [], []
-        for _ in range(ocfg.n_critic):
-            use_gp = ocfg.gp_lambda > 0 and self.critic_step_count % ocfg.gp_every == 0
-            with self._phase("critic"):
-                c_loss, gap, gp, bad = self._critic_update(micro, weights, use_gp)
-            c_losses.append(c_loss)
-            gaps.append(gap)
-            if use_gp:
-                gps.append(gp)
-            bads.append(bad)
-            self.critic_step_count += 1
-        skipped_c = torch.stack(bads).sum()
-        self.skipped_critic += skipped_c
+        with self._shard_threads():
+            for _ in range(ocfg.n_critic):
+                use_gp = ocfg.gp_lambda > 0 and self.critic_step_count % ocfg.gp_every == 0
+                with self._phase("critic"):
+                    c_loss, gap, gp, bad = self._critic_update(work, use_gp)
+                c_losses.append(c_loss)
+                gaps.append(gap)
+                if use_gp:
+                    gps.append(gp)
+                bads.append(bad)
+                self.critic_step_count += 1
+            skipped_c = torch.stack(bads).sum()
+            self.skipped_critic += skipped_c
 
-        with self._phase("generator"):
-            g_loss, m_loss, bad_g = self._generator_update(micro, weights)
+            with self._phase("generator"):
+                g_loss, m_loss, bad_g = self._generator_update(work)
         self.skipped_generator += bad_g
         self.generator_step_count += 1
         self.sched_g.step()
@@ -274,31 +367,48 @@ class GanStep:
         }
 
     def _critic_update(
-        self, micro: list[_Scored], weights: list[float], use_gp: bool
+        self, work: list[_Work], use_gp: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One critic update. Its loss, mean D(fake) - mean D(real) + lambda GP, is a sum
-        of three terms whose graphs share nothing but the parameters: each term is scored
-        and back-propagated on its own (the real set, the fake set, the penalty), so one
-        set's activations are still in the cache when its backward reads them, and at most
-        one set's are alive at a time. Same gradients, accumulated in another order."""
-        ocfg = self.optim_cfg
+        """One critic update over every shard's events; returns its loss, gap, penalty
+        and ``bad`` (:meth:`_apply`)."""
         self.opt_c.zero_grad(set_to_none=True)
+        lam = self.optim_cfg.gp_lambda if use_gp else 0.0
+        sums = self._run(work, self.critic, functools.partial(self._critic_terms, lam=lam))
+        loss_sum, gap_sum, gp_sum = (torch.stack(t).sum() for t in zip(*sums))
+        bad = self._apply(self.opt_c, self.critic, loss_sum)
+        return loss_sum, gap_sum, gp_sum, bad
+
+    def _critic_terms(
+        self,
+        work: _Work,
+        backward: Callable[[torch.Tensor], None],
+        rng: torch.Generator | None,
+        *,
+        lam: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The critic loss, mean D(fake) - mean D(real) + lambda GP, of one shard's events.
+        It is a sum of three terms whose graphs share nothing but the parameters: each term
+        is scored and back-propagated on its own (the real set, the fake set, the penalty),
+        so one set's activations are still in the cache when its backward reads them, and
+        at most one set's are alive at a time. Same gradients, accumulated in another
+        order. Returns the shard's weighted sums of the loss, the gap and the penalty."""
+        ocfg = self.optim_cfg
+        use_gp = lam > 0
         loss_sum = gap_sum = gp_sum = torch.zeros((), device=self.device)
-        lam = ocfg.gp_lambda if use_gp else 0.0
-        for mb, w in zip(micro, weights):
+        for mb, w in work:
             with torch.no_grad(), self._autocast():
-                fake, fake_counts = self._fake(mb)
+                fake, fake_counts = self._fake(mb, rng)
             fake = self.critic.inputs(fake.to(mb.muons.dtype))  # for the fake set and the GP
             fake_index = mb.event_index if fake_counts is mb.counts else None
             per_event = w / max(mb.n_events, 1)  # the losses' means are sums / B
             with self._autocast():
                 d_real = mb.mask(self._critic_fwd(mb.inputs, mb.cond, mb.counts, mb.event_index))
             d_real = d_real.float()
-            self._backward(d_real.sum() * -per_event)  # - mean D(real)
+            backward(d_real.sum() * -per_event)  # - mean D(real)
             with self._autocast():
                 d_fake = mb.mask(self._critic_fwd(fake, mb.cond, fake_counts, fake_index))
             d_fake = d_fake.float()
-            self._backward(d_fake.sum() * per_event)  # + mean D(fake)
+            backward(d_fake.sum() * per_event)  # + mean D(fake)
             gp = torch.zeros((), device=self.device)
             if use_gp:
                 # fp16 has too little range for the double backward: GP in fp32 then.
@@ -312,54 +422,144 @@ class GanStep:
                         mb.counts,
                         fake,
                         fake_counts,
-                        max_pairs=ocfg.gp_max_pairs,
+                        max_pairs=mb.gp_pairs,
                         fraction=ocfg.gp_fraction,
                         norm=ocfg.gp_norm,
+                        **self._rng_kw(rng),
                     )
-                self._backward(gp * (lam * w))
+                backward(gp * (lam * w))
             loss = critic_loss(d_real.detach(), d_fake.detach(), gp.detach(), lam, mb.n_events)
             loss_sum = loss_sum + loss * w
             gap_sum = gap_sum + w_gap(d_real, d_fake, n_events=mb.n_events) * w
             gp_sum = gp_sum + gp.detach() * w
-        bad = self._apply(self.opt_c, self.critic, loss_sum)
-        return loss_sum, gap_sum, gp_sum, bad
+        return loss_sum, gap_sum, gp_sum
 
     def _generator_update(
-        self, micro: list[_Scored], weights: list[float]
+        self, work: list[_Work]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         self.opt_g.zero_grad(set_to_none=True)
         self.critic.requires_grad_(False)  # no parameter gradients for the critic here
-        g_sum = m_sum = total_sum = torch.zeros((), device=self.device)
         try:
-            for mb, w in zip(micro, weights):
-                with self._autocast():
-                    fake, fake_counts = self._fake(mb)
-                    # the multiplicity head learns from every event, empty ones too
-                    m = self.generator.multiplicity_loss(mb.batch.conditions, mb.batch.counts)
-                    fake_index = mb.event_index if fake_counts is mb.counts else None
-                    fake = self.critic.inputs(fake)
-                    d_fake = mb.mask(self._critic_fwd(fake, mb.cond, fake_counts, fake_index))
-                g = generator_loss(d_fake.float(), n_events=mb.n_events)
-                m = m.float()
-                loss = g + self.optim_cfg.mult_weight * m
-                self._backward(loss * w)
-                g_sum = g_sum + g.detach() * w
-                m_sum = m_sum + m.detach() * w
-                total_sum = total_sum + loss.detach() * w
+            sums = self._run(work, self.generator, self._generator_terms)
         finally:
             self.critic.requires_grad_(True)
+        g_sum, m_sum, total_sum = (torch.stack(t).sum() for t in zip(*sums))
         bad = self._apply(self.opt_g, self.generator, total_sum)
         return g_sum, m_sum, bad
 
+    def _generator_terms(
+        self, work: _Work, backward: Callable[[torch.Tensor], None], rng: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The generator loss of one shard's events; returns its weighted sums of the
+        WGAN term, the multiplicity term and their total."""
+        g_sum = m_sum = total_sum = torch.zeros((), device=self.device)
+        for mb, w in work:
+            with self._autocast():
+                fake, fake_counts = self._fake(mb, rng)
+                # the multiplicity head learns from every event, empty ones too
+                m = self.generator.multiplicity_loss(
+                    mb.batch.conditions, mb.batch.counts, **self._rng_kw(rng)
+                )
+                fake_index = mb.event_index if fake_counts is mb.counts else None
+                fake = self.critic.inputs(fake)
+                d_fake = mb.mask(self._critic_fwd(fake, mb.cond, fake_counts, fake_index))
+            g = generator_loss(d_fake.float(), n_events=mb.n_events)
+            m = m.float()
+            loss = g + self.optim_cfg.mult_weight * m
+            backward(loss * w)
+            g_sum = g_sum + g.detach() * w
+            m_sum = m_sum + m.detach() * w
+            total_sum = total_sum + loss.detach() * w
+        return g_sum, m_sum, total_sum
+
+    # ------------------------------------------------------------------ shards
+
+    def _shard_work(self, micro: list[RaggedBatch]) -> list[_Work]:
+        """Each shard's scored events and their weights (event shares of the batch).
+
+        One shard: the microbatches as given. Several: every microbatch is cut into that
+        many runs of consecutive events of about equal cost (:func:`shard_bounds`; fewer
+        when a shard would get less than ``SHARD_MIN_COST``), and the penalty's pair cap is
+        shared out by muons, so the step still pairs at most ``gp_max_pairs`` per
+        microbatch.
+        """
+        total = sum(m.n_events for m in micro)
+        cap = self.optim_cfg.gp_max_pairs
+        if self.shards == 1:
+            return [[(self._scored(m, cap), m.n_events / total) for m in micro]]
+        work: list[_Work] = [[] for _ in range(self.shards)]
+        for m in micro:
+            bounds = shard_bounds(m.counts, self.shards, min_cost=SHARD_MIN_COST)
+            for j, (a, b) in enumerate(itertools.pairwise(bounds)):
+                if b > a:
+                    part = m.slice(a, b)
+                    pairs = math.ceil(cap * part.n_muons / max(m.n_muons, 1)) if cap else 0
+                    work[j].append((self._scored(part, pairs), part.n_events / total))
+        return work
+
+    @contextlib.contextmanager
+    def _shard_threads(self):
+        """While the step runs sharded: this thread runs with its share of torch's
+        threads, and each shard's RNG is seeded from the global RNG (one draw per step,
+        so a checkpoint's RNG state resumes the same noise)."""
+        if self.shards == 1:
+            yield
+            return
+        seeds = torch.randint(0, 2**62, (self.shards,)).tolist()
+        for rng, seed in zip(self._rngs, seeds):
+            rng.manual_seed(seed)
+        before = torch.get_num_threads()
+        torch.set_num_threads(self._shard_threads_each)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
+
+    def _run(self, work: list[_Work], module: nn.Module, terms: Callable) -> list[tuple]:
+        """``terms(shard_work, backward, rng)`` for every shard, their gradients in
+        ``module``'s ``.grad``; returns each shard's result.
+
+        One shard: in this thread, back-propagated into ``.grad`` as usual, noise from
+        the global RNG. Several: shard 0 here and the others on the pool's threads at the
+        same time (torch's operations release the GIL), each with its own RNG; each shard
+        collects its gradients apart (:class:`_ShardGrads`) and they are summed in shard
+        order, so the result does not depend on which thread finishes first.
+        """
+        if self.shards == 1:
+            return [terms(work[0], self._backward, None)]
+        params = [p for p in module.parameters() if p.requires_grad]
+        grads = [_ShardGrads(params) for _ in work]
+        pool = _shard_pool(self.shards - 1, self._shard_threads_each)
+        futures = [
+            pool.submit(terms, w, g.backward, rng)
+            for w, g, rng in zip(work[1:], grads[1:], self._rngs[1:])
+            if w  # a small batch leaves the last shards empty
+        ]
+        try:
+            results = [terms(work[0], grads[0].backward, self._rngs[0])]
+        finally:  # never return (or raise) while another shard still runs
+            for f in futures:
+                f.exception()
+        results += [f.result() for f in futures]
+        total = grads[0]
+        for g in grads[1:]:
+            total.add(g.sums)
+        for p, g in zip(params, total.sums or ()):
+            # in the parameter's layout, as backward() leaves .grad: autograd.grad may
+            # hand back a transposed view (narrow_linear's weight), which the fused
+            # optimizers would read in the wrong order
+            p.grad = None if g is None else g.contiguous()
+        return results
+
     # ------------------------------------------------------------------ helpers
 
-    def _scored(self, mb: RaggedBatch) -> _Scored:
+    def _scored(self, mb: RaggedBatch, gp_pairs: int) -> _Scored:
         """The events of ``mb`` the critic scores (see :class:`_Scored`)."""
         b, n = mb.n_events, mb.n_muons
         with torch.no_grad():
             inputs = self.critic.inputs(mb.muons)
         if self.train_cfg.fake_counts != "real":
-            return _Scored(mb, mb.conditions, mb.muons, mb.counts, b, None, inputs=inputs)
+            return _Scored(mb, mb.conditions, mb.muons, mb.counts, b, None, None, inputs, gp_pairs)
         rows, counts = events_with_muons(mb.counts, n)
         cond = mb.conditions if rows is None else mb.conditions[rows]
         weight = None
@@ -368,14 +568,21 @@ class GanStep:
             n_mu = counts.to(torch.float32)
             f = torch.log1p(n_mu) if self.optim_cfg.event_weight == "log" else n_mu.sqrt()
             weight = f * (b / f.sum().clamp(min=1e-12))
-        return _Scored(mb, cond, mb.muons, counts, b, counts > 0, weight, inputs)
+        return _Scored(mb, cond, mb.muons, counts, b, counts > 0, weight, inputs, gp_pairs)
 
-    def _fake(self, mb: _Scored) -> tuple[torch.Tensor, torch.Tensor]:
+    def _fake(self, mb: _Scored, rng: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Fake muons (N', F) and their counts (B',) for the scored events' conditions."""
+        rng_kw = self._rng_kw(rng)
         if self.train_cfg.fake_counts == "real":
-            return self._generate(mb.cond, mb.counts, mb.n_muons), mb.counts
-        muons, counts, _ = self.generator(mb.cond)  # sizes the output: one sync
+            return self._generate(mb.cond, mb.counts, mb.n_muons, **rng_kw), mb.counts
+        muons, counts, _ = self.generator(mb.cond, **rng_kw)  # sizes the output: one sync
         return muons, counts
+
+    @staticmethod
+    def _rng_kw(rng: torch.Generator | None) -> dict:
+        """``generator=rng`` for a shard's draws; nothing for the global RNG (a compiled
+        generator, and a custom ``penalty_fn``, need not take the keyword)."""
+        return {} if rng is None else {"generator": rng}
 
     def _autocast(self, enabled: bool = True):
         if self.amp_dtype is None or not enabled:

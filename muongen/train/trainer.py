@@ -125,6 +125,13 @@ class Trainer:
         self.step_fn = make_step(
             self.generator, self.critic, cfg, self.device, ddp.make_grad_sync(dist)
         )
+        if getattr(self.step_fn, "shards", 1) > 1:
+            log.info(
+                "training step: %d shards of each batch at once, %d CPU thread(s) each "
+                "(train.step_shards)",
+                self.step_fn.shards,
+                max(1, torch.get_num_threads() // self.step_fn.shards),
+            )
 
         self.files = self._input_files()
         self.data_fingerprint = files_digest(self.files)  # a cursor only fits the same list

@@ -1,0 +1,169 @@
+"""The sharded CPU step (train.step_shards): shards at once on their own threads, the same
+update as the shards given as microbatches, deterministic, errors carried back."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import muongen.model.generator as generator_module
+import muongen.train.step as step_module
+from muongen.config import OptimConfig, TrainConfig
+from muongen.model.penalty import gradient_penalty
+from muongen.train.step import GanStep, resolve_shards, shard_bounds
+
+from .test_step import params, small_models, toy_batch
+
+
+@pytest.fixture
+def small_shards(monkeypatch):
+    """Shard even the tests' small batches."""
+    monkeypatch.setattr(step_module, "SHARD_MIN_COST", 1)
+
+
+def fixed_alpha_penalty(critic, cond, *args, generator=None, **kwargs):
+    """The penalty with every event's interpolation weight 0.5 (no random draw)."""
+    return gradient_penalty(critic, cond, *args, alpha=torch.full((cond.shape[0],), 0.5), **kwargs)
+
+
+def test_shard_bounds_balance_muons_and_scored_events():
+    counts = torch.tensor([3, 0, 5, 1, 0, 2, 7, 1])  # cost: muons + 1 per event with muons
+    bounds = shard_bounds(counts, 2)
+    assert bounds[0] == 0 and bounds[-1] == 8 and len(bounds) == 3
+    cost = (counts + (counts > 0)).tolist()
+    left, right = sum(cost[: bounds[1]]), sum(cost[bounds[1] :])
+    assert abs(left - right) <= max(cost)  # as even as whole events allow
+    assert shard_bounds(counts, 3)[-1] == 8 and len(shard_bounds(counts, 3)) == 4
+    # too little work for two shards: all of it in the first, the second empty
+    assert shard_bounds(counts, 2, min_cost=100) == [0, 8, 8]
+    assert shard_bounds(torch.zeros(4, dtype=torch.int64), 2) == [0, 4, 4]
+    assert shard_bounds(torch.zeros(0, dtype=torch.int64), 2) == [0, 0, 0]
+
+
+def test_resolve_shards():
+    cpu = torch.device("cpu")
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert resolve_shards(0, cpu, compiled=False) == 2
+        torch.set_num_threads(1)
+        assert resolve_shards(0, cpu, compiled=False) == 1
+        assert resolve_shards(3, cpu, compiled=False) == 3
+    finally:
+        torch.set_num_threads(before)
+    assert resolve_shards(2, cpu, compiled=True) == 1  # compiled calls stay in one thread
+    assert resolve_shards(2, torch.device("cuda"), compiled=False) == 1
+
+
+@pytest.mark.parametrize("gp_lambda", [0.0, 10.0])
+def test_two_shards_update_as_their_parts_given_as_microbatches(
+    small_shards, monkeypatch, gp_lambda
+):
+    """Without noise (zero draws, no random azimuth, the multiplicity head's MSE, a fixed
+    interpolation weight, every pair) a sharded step and an unsharded step given the
+    shards' events as microbatches make the same update; with SGD at lr 1 the change of
+    each parameter is its gradient."""
+    monkeypatch.setattr(generator_module, "_noise", lambda shape, like, gen: like.new_zeros(shape))
+    batch = toy_batch(48, torch.Generator().manual_seed(5))
+    cut = shard_bounds(batch.counts, 2)
+    parts = [batch.slice(cut[0], cut[1]), batch.slice(cut[1], cut[2])]
+    assert parts[0].n_events > 0 and parts[1].n_events > 0
+    ocfg = OptimConfig(
+        optimizer="sgd", momentum=0.0, lr_generator=1.0, lr_critic=1.0, n_critic=2,
+        gp_lambda=gp_lambda, gp_every=1, gp_max_pairs=0, grad_clip=0.0, warmup_steps=0,
+    )  # fmt: skip
+
+    def run(shards, micro):
+        gen, critic = small_models(seed=2, lateral_rotate=False, multiplicity="round")
+        step = GanStep(
+            gen, critic, ocfg, TrainConfig(step_shards=shards), "cpu",
+            penalty_fn=fixed_alpha_penalty,
+        )  # fmt: skip
+        assert step.shards == shards
+        out = step(micro)
+        return out, params(gen) + params(critic)
+
+    (o2, p2), (o1, p1) = run(2, [batch]), run(1, parts)
+    for a, b in zip(p2, p1):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    for k in ("c_loss", "g_loss", "m_loss", "gp", "w_gap"):
+        torch.testing.assert_close(o2[k], o1[k], rtol=1e-4, atol=1e-5)
+    if gp_lambda:
+        assert o2["gp"] > 0
+
+
+def test_the_shards_run_at_once_on_their_own_threads(small_shards):
+    """Each shard's generator call waits at a two-party barrier: the step completes only
+    when the two shards run concurrently, on two threads."""
+    gen, critic = small_models()
+    barrier = threading.Barrier(2, timeout=30)
+    threads = set()
+    generate = gen.generate_with_counts
+
+    def meeting(*args, **kwargs):
+        threads.add(threading.get_ident())
+        barrier.wait()
+        return generate(*args, **kwargs)
+
+    gen.generate_with_counts = meeting
+    step = GanStep(gen, critic, OptimConfig(n_critic=2), TrainConfig(step_shards=2), "cpu")
+    out = step([toy_batch(64, torch.Generator().manual_seed(1))])
+    assert int(out["skipped"]) == 0 and torch.isfinite(out["c_loss"])
+    assert len(threads) == 2 and threading.get_ident() in threads
+
+
+def test_a_sharded_step_is_deterministic(small_shards):
+    """Each shard draws from its own RNG, seeded from the global one: the same seed gives
+    the same parameters whichever shard finishes first."""
+
+    def run():
+        gen, critic = small_models(seed=4)
+        step = GanStep(gen, critic, OptimConfig(n_critic=2), TrainConfig(step_shards=2), "cpu")
+        torch.manual_seed(9)
+        for i in range(3):
+            step([toy_batch(64, torch.Generator().manual_seed(i))])
+        return params(gen) + params(critic)
+
+    a, b = run(), run()
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    torch.manual_seed(10)  # another global seed: other noise, another result
+    gen, critic = small_models(seed=4)
+    step = GanStep(gen, critic, OptimConfig(n_critic=2), TrainConfig(step_shards=2), "cpu")
+    for i in range(3):
+        step([toy_batch(64, torch.Generator().manual_seed(i))])
+    assert not all(torch.equal(x, y) for x, y in zip(a, params(gen) + params(critic)))
+
+
+def test_the_penalty_pair_cap_is_shared_out_among_the_shards(small_shards):
+    caps = []
+
+    def recording(*args, max_pairs=0, generator=None, **kwargs):
+        assert generator is not None  # each shard's own RNG
+        caps.append(max_pairs)
+        return gradient_penalty(*args, max_pairs=max_pairs, generator=generator, **kwargs)
+
+    gen, critic = small_models()
+    ocfg = OptimConfig(n_critic=1, gp_every=1, gp_max_pairs=40)
+    step = GanStep(gen, critic, ocfg, TrainConfig(step_shards=2), "cpu", penalty_fn=recording)
+    step([toy_batch(64, torch.Generator().manual_seed(3))])
+    assert len(caps) == 2 and all(c > 0 for c in caps)
+    assert 40 <= sum(caps) <= 41  # shares by muons, each rounded up
+
+
+def test_an_error_in_another_shard_reaches_the_caller(small_shards):
+    main = threading.get_ident()
+
+    def failing(*args, **kwargs):
+        if threading.get_ident() != main:
+            raise RuntimeError("shard failed")
+        return gradient_penalty(*args, **kwargs)
+
+    gen, critic = small_models()
+    ocfg = OptimConfig(n_critic=1, gp_every=1)
+    step = GanStep(gen, critic, ocfg, TrainConfig(step_shards=2), "cpu", penalty_fn=failing)
+    before = params(critic)
+    with pytest.raises(RuntimeError, match="shard failed"):
+        step([toy_batch(64, torch.Generator().manual_seed(3))])
+    assert all(torch.equal(x, y) for x, y in zip(before, params(critic)))  # no update applied
