@@ -52,6 +52,29 @@ def test_resume_in_process_equals_uninterrupted_run(tiny_config, tmp_path):
     assert len(np.unique(keys_part)) == len(keys_part)  # none twice
 
 
+def test_a_sharded_run_resumes_exactly(tiny_config, tmp_path, monkeypatch):
+    """With the step's shards on their threads (train.step_shards, here cutting even the
+    tiny batches), an interrupted and resumed run ends on the very same weights: the
+    shards' RNGs are seeded from the global RNG, which the checkpoint carries."""
+    import muongen.train.step as step_module
+
+    monkeypatch.setattr(step_module, "SHARD_MIN_COST", 1)
+    full = Trainer(tiny_config(train__max_steps=12, train__step_shards=2), tmp_path / "full")
+    assert full.step_fn.shards == 2
+    assert full.train() == 0
+    part = Trainer(tiny_config(train__max_steps=7, train__step_shards=2), tmp_path / "part")
+    assert part.train() == 0
+    resumed = Trainer(tiny_config(train__max_steps=12, train__step_shards=2), tmp_path / "part")
+    assert resumed.resume("auto") is not None and resumed.step == 7
+    assert resumed.train() == 0
+    assert_same_weights(final_weights(tmp_path / "full"), final_weights(tmp_path / "part"))
+    # and not the weights of an unsharded run (the shards draw other noise)
+    one = Trainer(tiny_config(train__max_steps=12, train__step_shards=1), tmp_path / "one")
+    assert one.train() == 0
+    a, b = final_weights(tmp_path / "full"), final_weights(tmp_path / "one")
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+
+
 def _train_cmd(data, out, steps, *extra):
     sets = tiny_overrides(data, **{"train.max_steps": steps, "checkpoint.every_steps": 5})
     args = [PYTHON, "-m", "muongen", "train", "--config", "demo", "--out", str(out)]
