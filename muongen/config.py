@@ -111,6 +111,9 @@ class ModelConfig:
     The presets turn it on (quality preset, 2 seeds x 2 rich held-out sets: worst ratio to
     the floor 1.8-3.6 against 3.6-5.0 without it; README, "Presets"); off by default so
     that checkpoints written before it keep their critic's shape."""
+    critic_log_radius_floor: float = 0.03
+    """The floor under the critic's log radius, in standardised x and y units (0.03 is
+    ~0.2 m at the demo physics' spread of ~7 m): nearer the axis the log radius flattens."""
     max_generated_muons: int = 20000
     """Cap on the muons the generator makes for one event (protects memory; 0: no cap)."""
     multiplicity: Literal["lognormal", "hurdle", "round"] = "hurdle"
@@ -341,6 +344,7 @@ def validate(cfg: Config) -> None:
         ("train.log_every", cfg.train.log_every >= 1, "must be >= 1"),
         ("train.cpu_threads", cfg.train.cpu_threads >= 0, "must be >= 0 (0: torch's default)"),
         ("train.step_shards", cfg.train.step_shards >= 0, "must be >= 0 (0: auto)"),
+        ("model.critic_log_radius_floor", cfg.model.critic_log_radius_floor > 0, "must be > 0"),
         ("checkpoint.keep_last", cfg.checkpoint.keep_last >= 1, "must be >= 1"),
     ]
     for key, ok, why in checks:

@@ -40,6 +40,8 @@ def test_precedence_defaults_file_overrides(tmp_path):
         ("train.device=tpu", "train.device"),
         ("data.keep_empty=maybe", "data.keep_empty"),
         ("optim.gp_fraction=1.5", "optim.gp_fraction"),
+        ("train.step_shards=-1", "train.step_shards"),
+        ("model.critic_log_radius_floor=0", "model.critic_log_radius_floor"),
         ("model.mult_hidden=[64, x]", "model.mult_hidden[1]"),
     ],
 )

@@ -27,9 +27,6 @@ from muongen.model.layers import leaky_relu, mlp, narrow_linear, split_linear
 from muongen.model.normaliser import Standardiser, muon_standardiser
 from muongen.model.pooling import event_index_of, segment_max, segment_mean
 
-#: the log radius's floor, in standardised x and y units (a few tenths of a metre)
-LOG_RADIUS_FLOOR = 0.03
-
 
 class _SetCritic(nn.Module):
     """What both critics share: ``forward`` maps the muons to the critic's input space
@@ -44,18 +41,20 @@ class _SetCritic(nn.Module):
         """Set the input map from the config; returns the number of inputs per muon."""
         self.muon_norm = muon_standardiser(cfg)
         self.log_radius = cfg.critic_log_radius and cfg.representation == "xy"
+        self.log_radius_floor = cfg.critic_log_radius_floor
         return schema.muon_feature_dim(cfg.representation) + int(self.log_radius)
 
     def inputs(self, muons: torch.Tensor) -> torch.Tensor:
         """(N, F) muon features -> (N, F') what :meth:`score` takes: the standardised
         features, then (``model.critic_log_radius``) 0.5 log(x^2 + y^2 + floor^2) of the
-        standardised x and y. The training step interpolates real and fake muons here for
-        the gradient penalty, so the critic is 1-Lipschitz in the log radius as well."""
+        standardised x and y (floor: ``model.critic_log_radius_floor``). The training step
+        interpolates real and fake muons here for the gradient penalty, so the critic is
+        1-Lipschitz in the log radius as well."""
         z = self.muon_norm(muons)
         if not self.log_radius:
             return z
         xy = z[:, 1:3]
-        r2 = xy.square().sum(-1, keepdim=True) + LOG_RADIUS_FLOOR**2
+        r2 = xy.square().sum(-1, keepdim=True) + self.log_radius_floor**2
         return torch.cat([z, 0.5 * torch.log(r2)], -1)
 
     def forward(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -116,6 +118,16 @@ def test_log_radius_input_is_the_standardised_radius(critic, ragged):
     r = torch.hypot(z[:, 1], z[:, 2])
     torch.testing.assert_close(got[:, 3], torch.log(torch.sqrt(r**2 + 0.03**2)))
     assert torch.isfinite(with_r(muons, cond, counts)).all()
+    # model.critic_log_radius_floor sets the floor: on the axis the input is log(floor)
+    _, fine = build_models(
+        small_model_config(critic=critic, critic_log_radius=True, critic_log_radius_floor=0.01)
+    )
+    torch.testing.assert_close(fine.inputs(muons)[:, 3], torch.log(torch.sqrt(r**2 + 0.01**2)))
+    on_axis = muons.clone()
+    on_axis[:, 1:] = fine.muon_norm.mean[1:]  # x = y = their means: standardised 0
+    torch.testing.assert_close(
+        fine.inputs(on_axis)[:, 3], torch.full((muons.shape[0],), math.log(0.01))
+    )
     # no azimuth in the radial representation: nothing is added there
     _, radial = build_models(
         small_model_config(critic=critic, critic_log_radius=True, representation="radial")
