@@ -44,6 +44,7 @@ from muongen.model.losses import critic_loss, generator_loss, w_gap
 from muongen.model.penalty import gradient_penalty
 from muongen.model.pooling import event_index_of
 from muongen.train import checkpoint as ckpt
+from muongen.train.memory import keep_freed_memory
 
 STATE_VERSION = 1
 
@@ -295,6 +296,8 @@ class GanStep:
         self.skipped_generator = torch.zeros((), dtype=torch.int64, device=self.device)
         self.skipped_critic = torch.zeros((), dtype=torch.int64, device=self.device)
 
+        if self.device.type == "cpu" and train_cfg.cpu_keep_memory:
+            keep_freed_memory()
         self.shards = resolve_shards(train_cfg.step_shards, self.device, train_cfg.compile)
         # torch's threads shared out among the shards (each shard's thread sets its own)
         self._shard_threads_each = max(1, torch.get_num_threads() // self.shards)
@@ -336,7 +339,7 @@ class GanStep:
         ocfg = self.optim_cfg
 
         c_losses, gaps, gps, bads = [], [], [], []
-        with self._shard_threads():
+        with self._shard_threads(len(work)):
             for _ in range(ocfg.n_critic):
                 use_gp = ocfg.gp_lambda > 0 and self.critic_step_count % ocfg.gp_every == 0
                 with self._phase("critic"):
@@ -481,7 +484,9 @@ class GanStep:
         many runs of consecutive events of about equal cost (:func:`shard_bounds`; fewer
         when a shard would get less than ``SHARD_MIN_COST``), and the penalty's pair cap is
         shared out by muons, so the step still pairs at most ``gp_max_pairs`` per
-        microbatch.
+        microbatch. Trailing shards left without work are dropped: a batch too small to
+        cut runs as one shard, exactly as without shards (this thread, torch's threads,
+        the global RNG).
         """
         total = sum(m.n_events for m in micro)
         cap = self.optim_cfg.gp_max_pairs
@@ -495,14 +500,16 @@ class GanStep:
                     part = m.slice(a, b)
                     pairs = math.ceil(cap * part.n_muons / max(m.n_muons, 1)) if cap else 0
                     work[j].append((self._scored(part, pairs), part.n_events / total))
+        while len(work) > 1 and not work[-1]:
+            work.pop()
         return work
 
     @contextlib.contextmanager
-    def _shard_threads(self):
-        """While the step runs sharded: this thread runs with its share of torch's
-        threads, and each shard's RNG is seeded from the global RNG (one draw per step,
-        so a checkpoint's RNG state resumes the same noise)."""
-        if self.shards == 1:
+    def _shard_threads(self, shards: int):
+        """While the step runs as ``shards`` > 1 shards: this thread runs with its share
+        of torch's threads, and each shard's RNG is seeded from the global RNG (one draw
+        per step, so a checkpoint's RNG state resumes the same noise)."""
+        if shards == 1:
             yield
             return
         seeds = torch.randint(0, 2**62, (self.shards,)).tolist()
@@ -525,7 +532,7 @@ class GanStep:
         collects its gradients apart (:class:`_ShardGrads`) and they are summed in shard
         order, so the result does not depend on which thread finishes first.
         """
-        if self.shards == 1:
+        if len(work) == 1:
             return [terms(work[0], self._backward, None)]
         params = [p for p in module.parameters() if p.requires_grad]
         grads = [_ShardGrads(params) for _ in work]
@@ -533,7 +540,7 @@ class GanStep:
         futures = [
             pool.submit(terms, w, g.backward, rng)
             for w, g, rng in zip(work[1:], grads[1:], self._rngs[1:])
-            if w  # a small batch leaves the last shards empty
+            if w  # (a shard between others may be left without work)
         ]
         try:
             results = [terms(work[0], grads[0].backward, self._rngs[0])]

@@ -167,3 +167,26 @@ def test_an_error_in_another_shard_reaches_the_caller(small_shards):
     with pytest.raises(RuntimeError, match="shard failed"):
         step([toy_batch(64, torch.Generator().manual_seed(3))])
     assert all(torch.equal(x, y) for x, y in zip(before, params(critic)))  # no update applied
+
+
+def test_a_batch_too_small_to_cut_runs_as_one_shard_as_without_shards():
+    """Below SHARD_MIN_COST per shard the step is the unsharded one: this thread with
+    torch's threads as they are, noise from the global RNG (no generator= passed)."""
+    gen, critic = small_models()
+    seen = []
+    generate = gen.generate_with_counts
+
+    def recording(*args, **kwargs):
+        seen.append((threading.get_ident(), "generator" in kwargs, torch.get_num_threads()))
+        return generate(*args, **kwargs)
+
+    gen.generate_with_counts = recording
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        step = GanStep(gen, critic, OptimConfig(n_critic=1), TrainConfig(step_shards=2), "cpu")
+        assert step.shards == 2
+        step([toy_batch(32, torch.Generator().manual_seed(0))])  # far below the minimum
+    finally:
+        torch.set_num_threads(before)
+    assert seen and all(s == (threading.get_ident(), False, 2) for s in seen)
