@@ -15,6 +15,17 @@ updates stay on the device (returned as ``skipped``; totals in ``state_dict``). 
 fused kernel exists (e.g. MPS) the fallback reads ``bad`` once per update (one sync).
 Gradients are zeroed after every update either way.
 
+Shards (the CPU only, ``train.step_shards``). A second intra-op thread hardly speeds up
+operations this small, so on the CPU each microbatch is cut into runs of consecutive
+events (:func:`shard_bounds`) whose terms run at once, one thread each (a process-wide
+pool; torch's operations release the GIL). Each shard collects its gradients apart
+(:class:`_ShardGrads`, ``torch.autograd.grad``) and they are summed in shard order before
+one clip and one optimizer step, so the update is what the shards given as microbatches
+would make; each shard draws from its own ``torch.Generator``, seeded once per step from
+the global RNG. A shard's losses are means over its events weighted by its share of the
+batch, as for microbatches (``optim.event_weight`` is normalised per shard). A batch
+too small to cut runs as one shard, exactly as without shards.
+
 Learning rates follow a pure function of the generator step (warm-up, then constant or
 cosine); both schedulers advance once per call, applied or skipped. On resume only the
 step is taken from the checkpoint; the rates come from the current config.
