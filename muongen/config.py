@@ -113,7 +113,9 @@ class ModelConfig:
     that checkpoints written before it keep their critic's shape."""
     critic_log_radius_floor: float = 0.03
     """The floor under the critic's log radius, in standardised x and y units (0.03 is
-    ~0.2 m at the demo physics' spread of ~7 m): nearer the axis the log radius flattens."""
+    ~0.2 m at the demo physics' spread of ~7 m): nearer the axis the log radius flattens.
+    0.01 made the quality preset's medians worse and its worst no better (2 seeds;
+    README, "Presets")."""
     max_generated_muons: int = 20000
     """Cap on the muons the generator makes for one event (protects memory; 0: no cap)."""
     multiplicity: Literal["lognormal", "hurdle", "round"] = "hurdle"
@@ -221,7 +223,8 @@ class TrainConfig:
     backward passes run at once, one thread each (torch's threads shared out among them),
     their gradients summed in shard order; each shard draws its noise from its own RNG,
     seeded from the global one every step. The step's operations are too small for torch's
-    intra-op threads (a second thread made it 8% faster on 2 cores; two shards ~25%).
+    intra-op threads (a second thread made it ~8% faster on 2 cores, two shards 9-27% on
+    the shared bench's rich batch; README, "Shards on the CPU").
     0: auto, 2 when torch has 2 or more threads on the CPU, else 1 (and 1 off the CPU,
     where the device runs ahead of Python, and with ``compile``)."""
     fake_counts: Literal["real", "predicted"] = "real"
