@@ -310,8 +310,8 @@ class GanStep:
         if self.device.type == "cpu" and train_cfg.cpu_keep_memory:
             keep_freed_memory()
         self.shards = resolve_shards(train_cfg.step_shards, self.device, train_cfg.compile)
-        # torch's threads shared out among the shards (each shard's thread sets its own)
-        self._shard_threads_each = max(1, torch.get_num_threads() // self.shards)
+        #: torch's threads shared out among the shards (each shard's thread sets its own)
+        self.threads_per_shard = max(1, torch.get_num_threads() // self.shards)
         self._rngs = [torch.Generator() for _ in range(self.shards)] if self.shards > 1 else []
         self._generate = generator.generate_with_counts
         # the critic scores muons already mapped by critic.inputs (see _Scored.inputs)
@@ -527,7 +527,7 @@ class GanStep:
         for rng, seed in zip(self._rngs, seeds):
             rng.manual_seed(seed)
         before = torch.get_num_threads()
-        torch.set_num_threads(self._shard_threads_each)
+        torch.set_num_threads(self.threads_per_shard)
         try:
             yield
         finally:
@@ -547,11 +547,10 @@ class GanStep:
             return [terms(work[0], self._backward, None)]
         params = [p for p in module.parameters() if p.requires_grad]
         grads = [_ShardGrads(params) for _ in work]
-        pool = _shard_pool(self.shards - 1, self._shard_threads_each)
+        pool = _shard_pool(self.shards - 1, self.threads_per_shard)
         futures = [
             pool.submit(terms, w, g.backward, rng)
             for w, g, rng in zip(work[1:], grads[1:], self._rngs[1:])
-            if w  # (a shard between others may be left without work)
         ]
         try:
             results = [terms(work[0], grads[0].backward, self._rngs[0])]

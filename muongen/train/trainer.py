@@ -130,7 +130,7 @@ class Trainer:
                 "training step: %d shards of each batch at once, %d CPU thread(s) each "
                 "(train.step_shards)",
                 self.step_fn.shards,
-                max(1, torch.get_num_threads() // self.step_fn.shards),
+                self.step_fn.threads_per_shard,
             )
 
         self.files = self._input_files()
