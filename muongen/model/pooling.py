@@ -83,6 +83,16 @@ class _SegmentMax(torch.autograd.Function):
         return grad.index_select(0, event_index).mul_(weight), None, None
 
 
+# rows below which a per-channel sum of a 0/1 mask is exact in the mask's dtype (every
+# integer up to 2^mantissa bits + 1 is representable)
+_EXACT_ROWS = {
+    torch.float32: 2**24,
+    torch.float64: 2**53,
+    torch.bfloat16: 2**8,
+    torch.float16: 2**11,
+}
+
+
 def _no_ties(hit: torch.Tensor, counts: torch.Tensor) -> bool:
     """Whether every (event with rows, channel) has exactly one row at its maximum.
 
@@ -91,7 +101,15 @@ def _no_ties(hit: torch.Tensor, counts: torch.Tensor) -> bool:
     hits equals their number exactly when none has two (a NaN makes the update
     non-finite, and the training step skips it).
     """
-    # a float64 sum of the 0/1 mask: exact, ~6x faster on the CPU than count_nonzero
-    # (NaN where a row is NaN: then "ties", and the step skips the non-finite update)
-    hits = hit.sum(dtype=torch.float64) if hit.is_floating_point() else torch.count_nonzero(hit)
+    # a sum of the 0/1 mask, ~20x faster on the CPU than count_nonzero (NaN where a row is
+    # NaN: then "ties", and the step skips the non-finite update). Summed per channel in
+    # the mask's own dtype, every partial sum is an integer <= N, exact in float32 while
+    # N < 2^24; the H channel sums are then added in float64. A float64 sum of the whole
+    # mask would first copy it to float64 (~1 ms for 13k x 32 rows, 6% of a step).
+    if not hit.is_floating_point():
+        hits = torch.count_nonzero(hit)
+    elif hit.shape[0] < _EXACT_ROWS.get(hit.dtype, 0):
+        hits = hit.sum(0).sum(dtype=torch.float64)
+    else:
+        hits = hit.sum(dtype=torch.float64)
     return float(hits) == int(torch.count_nonzero(counts)) * hit.shape[1]
