@@ -5,6 +5,12 @@ mean over its events, weighted by its share of the batch's events, so the sum is
 mean over the batch). The inputs are features on the device; nothing in the step reads
 a value back to the host, so the GPU runs ahead of Python.
 
+Fakes up front. The generator does not change during the critic updates, so the fake
+sets of all n_critic updates of a step are made before the first, in one generator call
+on the scored conditions repeated n_critic times (:meth:`GanStep._fakes_ahead`): each set
+is an independent draw as before, with fewer and larger operations (measured 2-5% off
+the production-mix step on the CPU, ~1% at the quality preset's batch).
+
 Non-finite updates. After the backward passes (and ``sync_grads``) the total gradient
 norm is computed anyway for clipping; ``bad = !isfinite(norm) | !isfinite(loss)`` is a
 0-d device tensor. It is handed to the fused Adam(W)/SGD kernels through the
@@ -131,6 +137,9 @@ class _Scored:
     inputs: torch.Tensor | None = None
     gp_pairs: int = 0  # the penalty's pair cap for these events (0: all)
     event_index: torch.Tensor = field(init=False)  # (N,) the event of each real muon
+    # the critic updates' fake sets of this step, made up front (GanStep._fakes_ahead):
+    # per update the fakes mapped by Critic.inputs (N', F') and their counts (B',)
+    fakes: list[tuple[torch.Tensor, torch.Tensor]] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         self.event_index = event_index_of(self.counts, self.n_muons)
@@ -351,10 +360,12 @@ class GanStep:
 
         c_losses, gaps, gps, bads = [], [], [], []
         with self._shard_threads(len(work)):
-            for _ in range(ocfg.n_critic):
+            with self._phase("critic"):
+                self._map(work, self._fakes_ahead)
+            for k in range(ocfg.n_critic):
                 use_gp = ocfg.gp_lambda > 0 and self.critic_step_count % ocfg.gp_every == 0
                 with self._phase("critic"):
-                    c_loss, gap, gp, bad = self._critic_update(work, use_gp)
+                    c_loss, gap, gp, bad = self._critic_update(work, use_gp, k)
                 c_losses.append(c_loss)
                 gaps.append(gap)
                 if use_gp:
@@ -381,13 +392,14 @@ class GanStep:
         }
 
     def _critic_update(
-        self, work: list[_Work], use_gp: bool
+        self, work: list[_Work], use_gp: bool, k: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One critic update over every shard's events; returns its loss, gap, penalty
-        and ``bad`` (:meth:`_apply`)."""
+        """Critic update ``k`` of the step over every shard's events (its fakes: the k-th
+        made up front); returns its loss, gap, penalty and ``bad`` (:meth:`_apply`)."""
         self.opt_c.zero_grad(set_to_none=True)
         lam = self.optim_cfg.gp_lambda if use_gp else 0.0
-        sums = self._run(work, self.critic, functools.partial(self._critic_terms, lam=lam))
+        terms = functools.partial(self._critic_terms, lam=lam, k=k)
+        sums = self._run(work, self.critic, terms)
         loss_sum, gap_sum, gp_sum = (torch.stack(t).sum() for t in zip(*sums))
         bad = self._apply(self.opt_c, self.critic, loss_sum)
         return loss_sum, gap_sum, gp_sum, bad
@@ -399,6 +411,7 @@ class GanStep:
         rng: torch.Generator | None,
         *,
         lam: float,
+        k: int,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The critic loss, mean D(fake) - mean D(real) + lambda GP, of one shard's events.
         It is a sum of three terms whose graphs share nothing but the parameters: each term
@@ -410,9 +423,7 @@ class GanStep:
         use_gp = lam > 0
         loss_sum = gap_sum = gp_sum = torch.zeros((), device=self.device)
         for mb, w in work:
-            with torch.no_grad(), self._autocast():
-                fake, fake_counts = self._fake(mb, rng)
-            fake = self.critic.inputs(fake.to(mb.muons.dtype))  # for the fake set and the GP
+            fake, fake_counts = mb.fakes[k]  # in the critic's input space, for the GP too
             fake_index = mb.event_index if fake_counts is mb.counts else None
             per_event = w / max(mb.n_events, 1)  # the losses' means are sums / B
             with self._autocast():
@@ -586,6 +597,47 @@ class GanStep:
             f = torch.log1p(n_mu) if self.optim_cfg.event_weight == "log" else n_mu.sqrt()
             weight = f * (b / f.sum().clamp(min=1e-12))
         return _Scored(mb, cond, mb.muons, counts, b, counts > 0, weight, inputs, gp_pairs)
+
+    def _fakes_ahead(self, work: _Work, rng: torch.Generator | None) -> None:
+        """Every critic update's fake sets of one shard, made at once (``_Scored.fakes``).
+
+        The generator does not change during the critic updates, so the n_critic fake
+        sets of a step can all be drawn before the first: one generator call on the
+        conditions repeated n_critic times instead of n_critic calls, and one input map.
+        Each set is an independent draw as before; only the order of the noise draws
+        differs. Fewer, larger operations cost less dispatch, which matters most when
+        shards dispatch at once (each operation takes and gives back the GIL).
+        """
+        n = self.optim_cfg.n_critic
+        for mb, _ in work:
+            with torch.no_grad(), self._autocast():
+                cond = mb.cond.repeat(n, 1)
+                rng_kw = self._rng_kw(rng)
+                if self.train_cfg.fake_counts == "real":
+                    counts = mb.counts.repeat(n)
+                    muons = self._generate(cond, counts, mb.n_muons * n, **rng_kw)
+                    sizes = [mb.n_muons] * n
+                    counts = [mb.counts] * n  # the real counts themselves (fake_index)
+                else:
+                    muons, counts, _ = self.generator(cond, **rng_kw)  # sizes it: one sync
+                    counts = list(counts.view(n, -1))
+                    sizes = [int(s) for s in torch.stack(counts).sum(1).tolist()]
+                inputs = self.critic.inputs(muons.to(mb.muons.dtype))
+            mb.fakes = list(zip(inputs.split(sizes), counts))
+
+    def _map(self, work: list[_Work], fn: Callable) -> list:
+        """``fn(shard_work, rng)`` for every shard, at once as in :meth:`_run` (no
+        gradients); returns each shard's result."""
+        if len(work) == 1:
+            return [fn(work[0], None)]
+        pool = _shard_pool(self.shards - 1, self.threads_per_shard)
+        futures = [pool.submit(fn, w, rng) for w, rng in zip(work[1:], self._rngs[1:])]
+        try:
+            results = [fn(work[0], self._rngs[0])]
+        finally:  # never return (or raise) while another shard still runs
+            for f in futures:
+                f.exception()
+        return results + [f.result() for f in futures]
 
     def _fake(self, mb: _Scored, rng: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Fake muons (N', F) and their counts (B',) for the scored events' conditions."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 
 import pytest
@@ -150,6 +151,55 @@ def test_predicted_fake_counts():
     )
     out = step(micro())
     assert all(torch.isfinite(v) for v in out.values()) and out["gp"] > 0
+
+
+@pytest.mark.parametrize("fake_counts", ["real", "predicted"])
+def test_the_critic_updates_fakes_are_made_up_front_in_one_call(fake_counts, monkeypatch):
+    """The n_critic fake sets of a step come from one generator call on the repeated
+    conditions (the generator does not change during the critic updates); each update
+    scores its own set, an independent draw with the right counts."""
+    gen, critic = small_models()
+    with torch.no_grad():
+        set_multiplicity(gen, 0.6)
+    n_critic = 3
+    ocfg = OptimConfig(n_critic=n_critic, gp_every=1)
+    step = GanStep(gen, critic, ocfg, TrainConfig(fake_counts=fake_counts), "cpu")
+    calls, scored = [], []
+    for name in ("generate_with_counts", "forward"):
+        real_fn = getattr(gen, name)
+
+        def spy(cond, *a, _fn=real_fn, **k):
+            calls.append((torch.is_grad_enabled(), cond.shape[0]))
+            return _fn(cond, *a, **k)
+
+        monkeypatch.setattr(gen, name, spy)
+    if fake_counts == "real":
+        step._generate = gen.generate_with_counts
+    real_score = step._critic_fwd
+
+    def score(muons, cond, counts, event_index=None):
+        if not muons.requires_grad and torch.is_grad_enabled():
+            scored.append((muons.detach().clone(), counts.clone()))
+        return real_score(muons, cond, counts, event_index)
+
+    step._critic_fwd = score
+    batch = micro(parts=1)
+    step(batch)
+    scored_events = int((batch[0].counts > 0).sum()) if fake_counts == "real" else 32
+    without_grad = [n for grad, n in calls if not grad]
+    # one call for the critic updates' fakes, on the scored events' conditions x n_critic
+    # (with the predicted counts Generator.forward calls generate_with_counts in turn)
+    assert without_grad[0] == n_critic * scored_events
+    assert all(n == n_critic * scored_events for n in without_grad)
+    # each update scored the real set and its own fake set; the fake sets all differ
+    fakes = scored[1 : 2 * n_critic : 2]
+    assert len(fakes) == n_critic
+    for (a, ca), (b, cb) in itertools.combinations(fakes, 2):
+        assert ca.shape == cb.shape and not (a.shape == b.shape and torch.equal(a, b))
+    if fake_counts == "real":
+        for muons, counts in fakes:
+            assert torch.equal(counts, batch[0].counts[batch[0].counts > 0])
+            assert muons.shape[0] == batch[0].n_muons
 
 
 @pytest.mark.slow
