@@ -124,7 +124,14 @@ def test_segment_max_takes_the_tie_free_path_only_without_ties():
     tied[4, 0] = 3.0  # event 2, channel 0: rows 3 and 4 both at the maximum 3
     for h, free in ((distinct, True), (tied, False)):
         top = segment_max(h, counts, index)
-        assert _no_ties(h == top.index_select(0, index), counts) is free
+        hit = h == top.index_select(0, index)
+        assert _no_ties(hit, counts) is free
+        for dtype in (torch.float32, torch.float64, torch.bfloat16):  # the float masks
+            assert _no_ties(hit.to(dtype), counts) is free
+    free_hit = (distinct == segment_max(distinct, counts, index).index_select(0, index)).float()
+    assert _no_ties(free_hit, counts) is True
+    free_hit[2, 1] = float("nan")  # a NaN row reads as "ties" (the step skips the update)
+    assert _no_ties(free_hit, counts) is False
     # the tied channel's gradient is shared by its two rows, the others go to one row
     h = tied.clone().requires_grad_(True)
     (grad,) = torch.autograd.grad(segment_max(h, counts, index).sum(), h)
