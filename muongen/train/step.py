@@ -140,9 +140,22 @@ class _Scored:
     # the critic updates' fake sets of this step, made up front (GanStep._fakes_ahead):
     # per update the fakes mapped by Critic.inputs (N', F') and their counts (B',)
     fakes: list[tuple[torch.Tensor, torch.Tensor]] = field(init=False, default_factory=list)
+    _both: tuple[torch.Tensor, ...] | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.event_index = event_index_of(self.counts, self.n_muons)
+
+    def both_sets(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Conditions (2B', 4), counts (2B',) and event index (2N,) of the real set then
+        a fake set with the same counts, scored as one set of 2B' events (made once)."""
+        if self._both is None:
+            b = self.counts.shape[0]
+            self._both = (
+                torch.cat([self.cond, self.cond]),
+                torch.cat([self.counts, self.counts]),
+                torch.cat([self.event_index, self.event_index + b]),
+            )
+        return self._both
 
     @property
     def n_muons(self) -> int:
@@ -414,26 +427,35 @@ class GanStep:
         k: int,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The critic loss, mean D(fake) - mean D(real) + lambda GP, of one shard's events.
-        It is a sum of three terms whose graphs share nothing but the parameters: each term
-        is scored and back-propagated on its own (the real set, the fake set, the penalty),
-        so one set's activations are still in the cache when its backward reads them, and
-        at most one set's are alive at a time. Same gradients, accumulated in another
-        order. Returns the shard's weighted sums of the loss, the gap and the penalty."""
+
+        With the real counts the real and the fake set are scored in one critic call, as
+        one set of 2B' events (:meth:`_Scored.both_sets`; a copy of the fake muons' few
+        input columns), and back-propagated at once: half the operations of two calls,
+        each twice the size (measured 3-10% off the step on the CPU, most with shards,
+        where every operation takes and gives back the GIL). With the predicted counts
+        they are scored apart. The penalty is scored and back-propagated on its own, right
+        after its forward (its graph shares nothing with the sets' but the parameters).
+        Returns the shard's weighted sums of the loss, the gap and the penalty."""
         ocfg = self.optim_cfg
         use_gp = lam > 0
         loss_sum = gap_sum = gp_sum = torch.zeros((), device=self.device)
         for mb, w in work:
             fake, fake_counts = mb.fakes[k]  # in the critic's input space, for the GP too
-            fake_index = mb.event_index if fake_counts is mb.counts else None
             per_event = w / max(mb.n_events, 1)  # the losses' means are sums / B
-            with self._autocast():
-                d_real = mb.mask(self._critic_fwd(mb.inputs, mb.cond, mb.counts, mb.event_index))
-            d_real = d_real.float()
-            backward(d_real.sum() * -per_event)  # - mean D(real)
-            with self._autocast():
-                d_fake = mb.mask(self._critic_fwd(fake, mb.cond, fake_counts, fake_index))
-            d_fake = d_fake.float()
-            backward(d_fake.sum() * per_event)  # + mean D(fake)
+            if fake_counts is mb.counts:  # the same counts: one call on both sets
+                with self._autocast():
+                    both = self._critic_fwd(torch.cat([mb.inputs, fake]), *mb.both_sets())
+                d_real, d_fake = (mb.mask(d).float() for d in both.chunk(2))
+                backward((d_fake.sum() - d_real.sum()) * per_event)  # mean D(fake) - D(real)
+            else:
+                with self._autocast():
+                    d_real = self._critic_fwd(mb.inputs, mb.cond, mb.counts, mb.event_index)
+                d_real = mb.mask(d_real).float()
+                backward(d_real.sum() * -per_event)  # - mean D(real)
+                with self._autocast():
+                    d_fake = self._critic_fwd(fake, mb.cond, fake_counts)
+                d_fake = mb.mask(d_fake).float()
+                backward(d_fake.sum() * per_event)  # + mean D(fake)
             gp = torch.zeros((), device=self.device)
             if use_gp:
                 # fp16 has too little range for the double backward: GP in fp32 then.
@@ -617,7 +639,7 @@ class GanStep:
                     counts = mb.counts.repeat(n)
                     muons = self._generate(cond, counts, mb.n_muons * n, **rng_kw)
                     sizes = [mb.n_muons] * n
-                    counts = [mb.counts] * n  # the real counts themselves (fake_index)
+                    counts = [mb.counts] * n  # the real counts themselves (_critic_terms)
                 else:
                     muons, counts, _ = self.generator(cond, **rng_kw)  # sizes it: one sync
                     counts = list(counts.view(n, -1))

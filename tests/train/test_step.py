@@ -191,8 +191,13 @@ def test_the_critic_updates_fakes_are_made_up_front_in_one_call(fake_counts, mon
     # (with the predicted counts Generator.forward calls generate_with_counts in turn)
     assert without_grad[0] == n_critic * scored_events
     assert all(n == n_critic * scored_events for n in without_grad)
-    # each update scored the real set and its own fake set; the fake sets all differ
-    fakes = scored[1 : 2 * n_critic : 2]
+    # each update scored the real set and its own fake set (with the real counts in one
+    # call, the fake set's muons after the real ones); the fake sets all differ
+    if fake_counts == "real":
+        n_real = batch[0].n_muons
+        fakes = [(m[n_real:], c[: len(c) // 2]) for m, c in scored[:n_critic]]
+    else:
+        fakes = scored[1 : 2 * n_critic : 2]
     assert len(fakes) == n_critic
     for (a, ca), (b, cb) in itertools.combinations(fakes, 2):
         assert ca.shape == cb.shape and not (a.shape == b.shape and torch.equal(a, b))
@@ -200,6 +205,41 @@ def test_the_critic_updates_fakes_are_made_up_front_in_one_call(fake_counts, mon
         for muons, counts in fakes:
             assert torch.equal(counts, batch[0].counts[batch[0].counts > 0])
             assert muons.shape[0] == batch[0].n_muons
+
+
+@pytest.mark.parametrize("weights", ["none", "log"])
+def test_real_and_fake_scored_in_one_call_give_the_gradients_of_two_calls(weights):
+    """With the real counts the critic scores the real and the fake set as one set of 2B'
+    events: the same scores and critic gradients as two calls, one per set."""
+    gen, critic = small_models()
+    ocfg = OptimConfig(n_critic=1, gp_lambda=0.0, event_weight=weights)
+    step = GanStep(gen, critic, ocfg, TrainConfig(), "cpu")
+    b = micro(parts=1)[0]
+    keep = torch.arange(b.n_events) % 4 != 0  # every 4th event emptied: not scored
+    muons = b.muons[torch.repeat_interleave(keep, b.counts)]
+    b = RaggedBatch(b.conditions, muons, b.counts * keep)
+    (work,) = step._shard_work([b])
+    torch.manual_seed(3)
+    step._fakes_ahead(work, None)
+    mb, w = work[0]
+    params = list(critic.parameters())
+    got = {}
+
+    def collect(loss):
+        got["grads"] = torch.autograd.grad(loss, params)
+
+    loss_sum, gap_sum, _ = step._critic_terms(work, collect, None, lam=0.0, k=0)
+    fake, fake_counts = mb.fakes[0]
+    assert fake_counts is mb.counts  # the path under test
+    d_real = mb.mask(critic.score(mb.inputs, mb.cond, mb.counts, mb.event_index))
+    d_fake = mb.mask(critic.score(fake, mb.cond, mb.counts, mb.event_index))
+    ref = (d_fake.sum() - d_real.sum()) * (w / mb.n_events)
+    for g, r in zip(got["grads"], torch.autograd.grad(ref, params)):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(loss_sum, ref.detach() * w, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        gap_sum, (d_real.sum() - d_fake.sum()).detach() / mb.n_events * w, rtol=1e-5, atol=1e-6
+    )
 
 
 @pytest.mark.slow
