@@ -17,7 +17,7 @@ Three networks (design section 3):
   (LayerNorm, LeakyReLU 0.2), one context per event;
 * local network ``[context of its event, z_local] -> 128 -> 64 -> F`` per muon; its
   first layer is computed split, the context part once per event and the noise part per
-  muon (:func:`muongen.model.layers.split_linear`), so a muon costs 16 inputs, not 272.
+  muon (:func:`muongen.model.layers.split_linear`), so a muon costs 16 inputs, not 144.
   With fewer muons than events only events with muons reach the per-event networks.
   Without autograd on the CPU (fakes for the critic, sampling) it runs over cache-sized
   blocks of muons (:meth:`Generator._local`).
