@@ -580,17 +580,9 @@ class GanStep:
             return [terms(work[0], self._backward, None)]
         params = [p for p in module.parameters() if p.requires_grad]
         grads = [_ShardGrads(params) for _ in work]
-        pool = _shard_pool(self.shards - 1, self.threads_per_shard)
-        futures = [
-            pool.submit(terms, w, g.backward, rng)
-            for w, g, rng in zip(work[1:], grads[1:], self._rngs[1:])
-        ]
-        try:
-            results = [terms(work[0], grads[0].backward, self._rngs[0])]
-        finally:  # never return (or raise) while another shard still runs
-            for f in futures:
-                f.exception()
-        results += [f.result() for f in futures]
+        results = self._map(
+            list(zip(work, grads)), lambda shard, rng: terms(shard[0], shard[1].backward, rng)
+        )
         total = grads[0]
         for g in grads[1:]:
             total.add(g.sums)
@@ -636,20 +628,20 @@ class GanStep:
                 cond = mb.cond.repeat(n, 1)
                 rng_kw = self._rng_kw(rng)
                 if self.train_cfg.fake_counts == "real":
-                    counts = mb.counts.repeat(n)
-                    muons = self._generate(cond, counts, mb.n_muons * n, **rng_kw)
+                    muons = self._generate(cond, mb.counts.repeat(n), mb.n_muons * n, **rng_kw)
                     sizes = [mb.n_muons] * n
                     counts = [mb.counts] * n  # the real counts themselves (_critic_terms)
                 else:
-                    muons, counts, _ = self.generator(cond, **rng_kw)  # sizes it: one sync
-                    counts = list(counts.view(n, -1))
-                    sizes = [int(s) for s in torch.stack(counts).sum(1).tolist()]
+                    muons, drawn, _ = self.generator(cond, **rng_kw)  # sizes it: one sync
+                    counts = list(drawn.view(n, -1))
+                    sizes = drawn.view(n, -1).sum(1).tolist()
                 inputs = self.critic.inputs(muons.to(mb.muons.dtype))
             mb.fakes = list(zip(inputs.split(sizes), counts))
 
-    def _map(self, work: list[_Work], fn: Callable) -> list:
-        """``fn(shard_work, rng)`` for every shard, at once as in :meth:`_run` (no
-        gradients); returns each shard's result."""
+    def _map(self, work: Sequence, fn: Callable) -> list:
+        """``fn(work[i], rng_i)`` for every shard i, at once: shard 0 in this thread, the
+        others on the pool's threads (torch's operations release the GIL), each with its
+        own RNG (one shard: this thread, the global RNG); returns each shard's result."""
         if len(work) == 1:
             return [fn(work[0], None)]
         pool = _shard_pool(self.shards - 1, self.threads_per_shard)
