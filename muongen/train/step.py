@@ -502,7 +502,7 @@ class GanStep:
         g_sum = m_sum = total_sum = torch.zeros((), device=self.device)
         for mb, w in work:
             with self._autocast():
-                fake, fake_counts = self._fake(mb, rng)
+                fake, fake_counts = self._fake(mb.cond, mb.counts, mb.n_muons, rng)
                 # the multiplicity head learns from every event, empty ones too
                 m = self.generator.multiplicity_loss(
                     mb.batch.conditions, mb.batch.counts, **self._rng_kw(rng)
@@ -625,14 +625,13 @@ class GanStep:
         n = self.optim_cfg.n_critic
         for mb, _ in work:
             with torch.no_grad(), self._autocast():
-                cond = mb.cond.repeat(n, 1)
-                rng_kw = self._rng_kw(rng)
+                muons, drawn = self._fake(
+                    mb.cond.repeat(n, 1), mb.counts.repeat(n), mb.n_muons * n, rng
+                )
                 if self.train_cfg.fake_counts == "real":
-                    muons = self._generate(cond, mb.counts.repeat(n), mb.n_muons * n, **rng_kw)
                     sizes = [mb.n_muons] * n
                     counts = [mb.counts] * n  # the real counts themselves (_critic_terms)
                 else:
-                    muons, drawn, _ = self.generator(cond, **rng_kw)  # sizes it: one sync
                     counts = list(drawn.view(n, -1))
                     sizes = drawn.view(n, -1).sum(1).tolist()
                 inputs = self.critic.inputs(muons.to(mb.muons.dtype))
@@ -653,13 +652,20 @@ class GanStep:
                 f.exception()
         return results + [f.result() for f in futures]
 
-    def _fake(self, mb: _Scored, rng: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fake muons (N', F) and their counts (B',) for the scored events' conditions."""
+    def _fake(
+        self,
+        cond: torch.Tensor,
+        counts: torch.Tensor,
+        n_muons: int,
+        rng: torch.Generator | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fake muons (N', F) and their counts (B',) for conditions (B', 4): with the
+        real ``counts`` (N' = ``n_muons``), else with counts the generator draws."""
         rng_kw = self._rng_kw(rng)
         if self.train_cfg.fake_counts == "real":
-            return self._generate(mb.cond, mb.counts, mb.n_muons, **rng_kw), mb.counts
-        muons, counts, _ = self.generator(mb.cond, **rng_kw)  # sizes the output: one sync
-        return muons, counts
+            return self._generate(cond, counts, n_muons, **rng_kw), counts
+        muons, drawn, _ = self.generator(cond, **rng_kw)  # sizes the output: one sync
+        return muons, drawn
 
     @staticmethod
     def _rng_kw(rng: torch.Generator | None) -> dict:
