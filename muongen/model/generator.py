@@ -324,6 +324,7 @@ class Generator(nn.Module):
         out = z_local.new_empty(n_muons, self.n_features)
         for start in range(0, n_muons, LOCAL_BLOCK_ROWS):
             rows = slice(start, start + LOCAL_BLOCK_ROWS)
-            hidden = event_part.index_select(0, event_index[rows]).addmm_(z_local[rows], w_muon)
+            hidden = event_part.index_select(0, event_index[rows])
+            hidden.addmm_(z_local[rows].to(hidden.dtype), w_muon)
             out[rows] = rest(hidden)
         return out

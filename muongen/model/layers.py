@@ -86,13 +86,18 @@ def split_linear(
     else:
         rows = event_part.index_select(0, event_index)  # (N, H)
     # in place: ``rows`` is a fresh tensor (and the gather's backward does not need it),
-    # so the per-muon product accumulates into it instead of into a copy of it
-    return rows.addmm_(per_muon, muon_weight)
+    # so the per-muon product accumulates into it instead of into a copy of it; an in-place
+    # op is not cast by autocast, so the per-muon input takes the rows' dtype (bf16 there)
+    return rows.addmm_(per_muon.to(rows.dtype), muon_weight)
 
 
 def split_parts(linear: nn.Linear, per_event: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The two parts of :func:`split_linear`: the per-event rows W_e e + b (B, H) and the
-    per-muon weight W_m^T (M, H), to add as ``event_rows[event] + per_muon @ W_m^T``."""
+    per-muon weight W_m^T (M, H), to add as ``event_rows[event] + per_muon @ W_m^T``.
+
+    Under autocast both come in the dtype autocast gives the linear (bf16 or fp16), so that
+    the in-place ``addmm_`` that joins them, which autocast does not cast, sees one dtype.
+    """
     width = per_event.shape[1]
     event_part = nn.functional.linear(per_event, linear.weight[:, :width], linear.bias)
-    return event_part, linear.weight[:, width:].t()
+    return event_part, linear.weight[:, width:].t().to(event_part.dtype)

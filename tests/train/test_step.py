@@ -486,3 +486,25 @@ def test_log_radius_penalty_interpolates_in_the_critics_input_space():
     ((real, fake),) = seen
     assert real.shape[1] == fake.shape[1] == 4
     torch.testing.assert_close(real, critic.inputs(batch.muons))
+
+
+@pytest.mark.parametrize("preset", ["production-a100", "quality"])
+def test_a_step_runs_under_bf16_autocast(preset):
+    """``train.precision=bf16`` (production-a100's setting) runs every forward under autocast
+    on CUDA; CPU autocast casts the same ops, so the step is checked here with it. The split
+    layers' in-place ``addmm_`` is not cast by autocast and once met bf16 rows with fp32
+    weights ("self and mat2 must have the same dtype")."""
+    from muongen.config import load_config
+    from muongen.train.bench_step import synthetic_batch
+
+    cfg = load_config(preset, ["train.device=cpu", "train.step_shards=1"])
+    torch.manual_seed(0)
+    gen, critic = build_models(cfg.model)
+    step = GanStep(gen, critic, cfg.optim, cfg.train, "cpu")
+    step.amp_dtype = torch.bfloat16  # what precision=bf16 sets on CUDA
+    before_g, before_c = params(gen), params(critic)
+    out = step([synthetic_batch(256, "rich")])
+    assert all(torch.isfinite(out[k]) for k in ("c_loss", "g_loss", "m_loss", "gp", "w_gap"))
+    assert int(out["skipped"]) == 0
+    assert not same(before_g, params(gen)) and not same(before_c, params(critic))
+    assert all(p.dtype == torch.float32 for p in gen.parameters())
