@@ -381,6 +381,12 @@ class Shard:
             try:
                 while not cur["done"] and not (cfg.max_epochs and cur["epoch"] >= cfg.max_epochs):
                     epoch, plan = cur["epoch"], self.plan(cur["epoch"])
+                    if not any(plan):
+                        # fewer files than shards: this shard is dealt none in any epoch
+                        # (the count is the same every epoch); it ends now, where looping
+                        # over empty epochs would never yield and the consumer, which
+                        # takes the workers' batches in turn, would wait for it forever
+                        break
                     slots = [Slot(self, ids, pos, epoch) for ids, pos in zip(plan, cur["slots"])]
                     self._schedule(slots)
                     offset = cur["offset"]

@@ -358,3 +358,20 @@ def test_mixed_formats_stream_together(tmp_path, make_batch, keys_of):
     keys = keys_of(batches)
     assert sorted(keys.tolist()) == [(f << 32) | r for f in range(3) for r in range(50)]
     assert int(sum(b.n_muons for b in batches)) == 3 * int((np.arange(50) % 4).sum())
+
+
+def test_workers_without_a_file_end_and_the_others_stream_on(dataset, keys_of):
+    """Two files for three workers, no epoch limit (the presets' setting): the worker dealt
+    no file ends at once. It used to loop over empty epochs without yielding, and the
+    stream, which takes the workers' batches in turn, waited for it forever."""
+    import threading
+
+    files = dataset[:2]
+    stream = EventStream(files, cfg_(num_workers=3, batch_events=300), seed=1)
+    got: list = []
+    reader = threading.Thread(target=lambda: got.extend(take(stream, 10)), daemon=True)
+    reader.start()
+    reader.join(timeout=90)
+    assert not reader.is_alive(), "the stream hung on a worker with no file"
+    assert len(got) == 10  # 3000 events: each worker's file read more than twice over
+    assert set(keys_of(got).tolist()) == set(all_keys(files).tolist())
