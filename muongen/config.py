@@ -206,7 +206,9 @@ class TrainConfig:
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     """Device; auto picks cuda, then mps, then cpu."""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    """Autocast precision on CUDA (bf16 recommended; fp16 uses a GradScaler)."""
+    """Autocast precision on CUDA (fp16 uses a GradScaler). fp32 with ``tf32`` is the
+    faster here: this model's products are small, and bf16 autocast adds casts and slower
+    bf16 scatter-adds (an H200 step of 48k events: 58 ms fp32, 84-104 ms bf16)."""
     tf32: bool = False
     """Allow TF32 matmuls on Ampere and newer GPUs."""
     compile: bool = False

@@ -490,10 +490,10 @@ def test_log_radius_penalty_interpolates_in_the_critics_input_space():
 
 @pytest.mark.parametrize("preset", ["production-a100", "quality"])
 def test_a_step_runs_under_bf16_autocast(preset):
-    """``train.precision=bf16`` (production-a100's setting) runs every forward under autocast
-    on CUDA; CPU autocast casts the same ops, so the step is checked here with it. The split
-    layers' in-place ``addmm_`` is not cast by autocast and once met bf16 rows with fp32
-    weights ("self and mat2 must have the same dtype")."""
+    """``train.precision=bf16`` (production-a100's setting until 2026-11) runs every forward
+    under autocast on CUDA; CPU autocast casts the same ops, so the step is checked here
+    with it. The split layers' in-place ``addmm_`` is not cast by autocast and once met bf16
+    rows with fp32 weights ("self and mat2 must have the same dtype")."""
     from muongen.config import load_config
     from muongen.train.bench_step import synthetic_batch
 
