@@ -32,10 +32,11 @@ class DataConfig:
     """Number of synthetic files written when synth_if_missing applies."""
     synth_events_per_file: int = 20000
     """Rows per synthetic file when synth_if_missing applies."""
-    synth_mix: Literal["production", "rich", "broad"] = "production"
+    synth_mix: Literal["production", "rich", "broad", "wide"] = "production"
     """Multiplicity mix of those files (muongen synth --mix): production = ~0.37 muons per
     row, 96% empty; rich = primaries >= 1e5 GeV, ~13 muons per row, 35% empty; broad =
-    showers from rich (2/3) and production (1/3), ~8 muons per row, 57% empty."""
+    showers from rich (2/3) and production (1/3), ~8 muons per row, 57% empty; wide =
+    rich (1/4) and production (3/4), ~3.4 muons per row, 82% empty."""
     batch_events: int = 4096
     """Events per training batch."""
     max_muons_per_batch: int = 262144

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 from tiny import SMALL_CRITIC
 
 from muongen import schema
@@ -75,17 +76,19 @@ def test_synthetic_mixes_look_like_production():
     assert rich.counts.float().mean() > 5
 
 
-def test_the_broad_blend_draws_each_shower_from_one_mix():
-    """mix=broad: every shower (100 rows, one per depth) lies in the rich mix's range
-    (E0 >= 1e5 GeV, zenith <= 60 deg) or is a production shower, and both kinds occur,
-    with the production range reaching below 1e5 GeV and beyond 60 deg."""
-    batch, (_, minor) = synth.generate(100 * 600, np.random.default_rng(7), mix="broad")
+@pytest.mark.parametrize("mix, rich_share", [("broad", (0.6, 0.85)), ("wide", (0.17, 0.4))])
+def test_a_blend_draws_each_shower_from_one_mix(mix, rich_share):
+    """A blend (broad: 2/3 rich; wide: 1/4 rich): every shower (100 rows, one per depth)
+    lies in the rich mix's range (E0 >= 1e5 GeV, zenith <= 60 deg) or is a production
+    shower, and both kinds occur in the blend's shares, with the production range reaching
+    below 1e5 GeV and beyond 60 deg."""
+    batch, (_, minor) = synth.generate(100 * 600, np.random.default_rng(7), mix=mix)
     cond = batch.conditions.numpy()
     e0, zen = cond[::100, 0], np.degrees(cond[::100, 1])  # one row per shower
     assert (np.diff(minor[::100]) == 1).all()
     assert e0.min() >= 1e3 and e0.max() <= 1e9 and zen.max() < 85.01
     rich_like = (e0 >= 1e5) & (zen <= 60.0)
-    assert 0.6 < rich_like.mean() < 0.85  # 2/3 rich, plus production showers in its range
+    assert rich_share[0] < rich_like.mean() < rich_share[1]  # plus production showers there
     assert (e0 < 1e5).sum() > 100 and (zen > 60.0).sum() > 30
     # the rows of one shower share its primary
     assert (cond[:, :3].reshape(600, 100, 3) == cond[::100, None, :3]).all()
