@@ -182,8 +182,17 @@ def headline(result: dict[str, Any]) -> str:
         beats = sum(1 for e in binned if "beats baseline" in e["verdict"])
         text += (
             f" The model beats the condition-ignoring baseline on {beats} of {len(binned)}"
-            " binned metrics."
+            " binned metrics"
         )
+        worse = [e["verdict"] for e in binned if "worse than baseline" in e["verdict"]]
+        worse += [e["verdict"] for e in binned if "loses to baseline" in e["verdict"]]
+        below = sum(1 for v in worse if "baseline below floor" in v)
+        if worse:
+            text += (
+                f" and is worse than it on {len(worse)}, {below} of them where the baseline"
+                " is below the floor (the simulation itself would be worse there too)"
+            )
+        text += "."
     return text
 
 
@@ -235,7 +244,10 @@ def write_report(
         f"{result.get('ratio_target', 3.0):g} and the model is no worse than the baseline, "
         "*no pass* when it is worse than the baseline within two standard errors (paired over "
         "the splits), *FAIL* when the ratio is above the target or the model loses to the "
-        "baseline. *Worst bin*: the condition bin where the metric's ratio is largest.",
+        "baseline. *baseline below floor*: the baseline's ratio is below 1 by more than two "
+        "standard errors, so a second simulation would lose to it too (pooled per-muon "
+        "metrics that a few big bundles dominate: the baseline draws muons one by one). "
+        "*Worst bin*: the condition bin where the metric's ratio is largest.",
         "",
         "## Summary",
         "",

@@ -255,3 +255,44 @@ def test_ratio_summary_counts_no_output_as_infinite():
     assert s["n_metrics"] == 2  # the uncertain one without output has no ratio
     assert s["worst_ratio"] == math.inf and s["worst"] == "b" and s["worst_no_output"]
     assert s["n_pass"] == 1 and s["n_FAIL"] == 2
+
+
+def test_a_baseline_below_the_floor_is_named_and_still_never_lost_to():
+    """Where the baseline is closer to half A than half B is (ratio below 1 by more than two
+    standard errors), a model worse than it is still no pass or FAIL, and the comparison
+    says that the simulation itself would be worse too; not where the ratio's error
+    reaches 1, or where the model is not worse."""
+    below = {**GOOD, "baseline": 0.6, "baseline_ratio": 0.6, "baseline_ratio_err": 0.1}
+    e = {**below, "model_minus_baseline": 0.6, "model_minus_baseline_err": 0.1}
+    assert verdict(e, 3.0) == "FAIL; loses to baseline (baseline below floor)"
+    e["model_minus_baseline_err"] = 0.4
+    assert verdict(e, 3.0) == "no pass; worse than baseline (within errors) (baseline below floor)"
+    e = {**e, "baseline_ratio_err": 0.25}  # 0.6 + 2 x 0.25 > 1: not known to be below
+    assert verdict(e, 3.0) == "no pass; worse than baseline (within errors)"
+    e = {**below, "model_minus_baseline": -0.1, "model_minus_baseline_err": 0.1}
+    assert verdict(e, 3.0) == "pass; ties baseline"
+
+
+def test_the_headline_counts_where_the_model_is_worse_than_the_baseline():
+    from muongen.evaluate.report import headline
+
+    def row(verdict_text):
+        return {"metrics": {"m": {"verdict": verdict_text}}}
+
+    result = {
+        "summary": {"n_metrics": 4, "median_ratio": 1.1, "worst_ratio": 1.5, "worst": "m"},
+        "split": {},
+        "binned": {
+            "depth": {
+                "bins": [
+                    row("pass; beats baseline"),
+                    row("FAIL; loses to baseline (baseline below floor)"),
+                    row("no pass; worse than baseline (within errors)"),
+                    row("pass; ties baseline"),
+                ]
+            }
+        },
+    }
+    text = headline(result)
+    assert "beats the condition-ignoring baseline on 1 of 4 binned metrics" in text
+    assert "worse than it on 2, 1 of them where the baseline is below the floor" in text
