@@ -184,8 +184,8 @@ def headline(result: dict[str, Any]) -> str:
             f" The model beats the condition-ignoring baseline on {beats} of {len(binned)}"
             " binned metrics"
         )
-        worse = [e["verdict"] for e in binned if "worse than baseline" in e["verdict"]]
-        worse += [e["verdict"] for e in binned if "loses to baseline" in e["verdict"]]
+        verdicts = [e["verdict"] for e in binned]
+        worse = [v for v in verdicts if "worse than baseline" in v or "loses to baseline" in v]
         below = sum(1 for v in worse if "baseline below floor" in v)
         if worse:
             text += (
