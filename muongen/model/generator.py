@@ -43,6 +43,7 @@ from torch import nn
 from muongen import schema
 from muongen.config import ModelConfig
 from muongen.model.layers import (
+    add_muon_part,
     leaky_relu_inplace,
     mlp,
     split_linear,
@@ -324,7 +325,8 @@ class Generator(nn.Module):
         out = z_local.new_empty(n_muons, self.n_features)
         for start in range(0, n_muons, LOCAL_BLOCK_ROWS):
             rows = slice(start, start + LOCAL_BLOCK_ROWS)
-            hidden = event_part.index_select(0, event_index[rows])
-            hidden.addmm_(z_local[rows].to(hidden.dtype), w_muon)
+            hidden = add_muon_part(
+                event_part.index_select(0, event_index[rows]), z_local[rows], w_muon
+            )
             out[rows] = rest(hidden)
         return out

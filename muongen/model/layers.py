@@ -85,9 +85,16 @@ def split_linear(
         rows = torch.repeat_interleave(event_part, counts, dim=0, output_size=per_muon.shape[0])
     else:
         rows = event_part.index_select(0, event_index)  # (N, H)
-    # in place: ``rows`` is a fresh tensor (and the gather's backward does not need it),
-    # so the per-muon product accumulates into it instead of into a copy of it; an in-place
-    # op is not cast by autocast, so the per-muon input takes the rows' dtype (bf16 there)
+    return add_muon_part(rows, per_muon, muon_weight)
+
+
+def add_muon_part(
+    rows: torch.Tensor, per_muon: torch.Tensor, muon_weight: torch.Tensor
+) -> torch.Tensor:
+    """``rows += per_muon @ muon_weight`` in place, for the gathered per-event rows (N, H)
+    of :func:`split_parts`: ``rows`` is a fresh tensor (the gather's backward does not need
+    it), so the product accumulates into it instead of into a copy. autocast does not cast
+    an in-place op, so the per-muon input takes the rows' dtype (bf16 under autocast)."""
     return rows.addmm_(per_muon.to(rows.dtype), muon_weight)
 
 
