@@ -19,6 +19,9 @@ How events flow (one *shard* = one DDP rank, or one DataLoader worker of a rank)
    the background while the consumer takes the batches of round r.
 4. Batches: the pools, one after another (across epochs too), are cut into batches of
    ``batch_events``; only the last batch of the last epoch (max_epochs > 0) is shorter.
+5. Ends: after ``max_epochs``, or when every file the shard can be dealt has been read in
+   epochs that gave it no event (all unreadable, or every event dropped or set aside):
+   another epoch could not yield either, and an endless stream would wait silently.
 
 The cursor is (epoch, round, events of the round's pool already yielded, and where each
 slot stood at the start of the round). Everything above is a pure function of it, so a
@@ -31,6 +34,7 @@ batches already yielded, in one process or with DataLoader workers.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -44,6 +48,8 @@ from muongen.config import DataConfig
 from muongen.data.batch import RaggedBatch
 from muongen.data.reader import Chunk, FileReader, offsets_of
 from muongen.errors import InputFileError, StorageError
+
+log = logging.getLogger(__name__)
 
 
 def fresh_cursor(n_slots: int, epoch: int = 0) -> dict[str, Any]:
@@ -275,6 +281,12 @@ class Shard:
         k = self.cfg.open_files
         return [mine[s::k] for s in range(k)]
 
+    def _reachable(self, dealt: set[int]) -> set[int]:
+        """The files this shard can be dealt in some epoch (``dealt``: one epoch's)."""
+        if self.cfg.shuffle_files and self.n_shards > 1:
+            return set(range(len(self.files)))
+        return dealt  # the same files every epoch
+
     def _schedule(self, slots: list[Slot]) -> None:
         if self.prefetcher is None:
             return
@@ -375,6 +387,7 @@ class Shard:
         n_pending = 0
         effects = Effects()
         quiet = cur["built"]  # the cursor's round was built (and reported) before the snapshot
+        barren: set[int] = set()  # files read in epochs that gave this shard no event
         readers = ThreadPoolExecutor(cfg.open_files, thread_name_prefix="muongen-read")
         builder = ThreadPoolExecutor(1, thread_name_prefix="muongen-build")
         with readers, builder:
@@ -390,12 +403,14 @@ class Shard:
                     slots = [Slot(self, ids, pos, epoch) for ids, pos in zip(plan, cur["slots"])]
                     self._schedule(slots)
                     offset = cur["offset"]
+                    events_read = 0
                     rounds = self._rounds(slots, epoch, cur["round"], quiet, readers, builder)
                     try:
                         for rd in rounds:
                             if rd.effects is not None:
                                 effects.add(rd.effects)
                             pool = rd.pool
+                            events_read += pool.n
                             offset = offset if quiet else 0
                             quiet = False
                             while offset < pool.n:
@@ -418,6 +433,21 @@ class Shard:
                         for s in slots:
                             s.close()
                     cur = fresh_cursor(len(slots), epoch + 1)
+                    dealt = {i for ids in plan for i in ids}
+                    barren = barren | dealt if not events_read else set()
+                    if barren >= self._reachable(dealt):
+                        # every file this shard can be dealt gave no event (all unreadable,
+                        # or every event dropped): the next epochs would loop without ever
+                        # yielding, so the shard ends; the consumer sees its counters
+                        log.warning(
+                            "shard %d of %d: no event in its %d file(s) in epoch %d (see the "
+                            "bad-input report); it stops reading",
+                            self.shard,
+                            self.n_shards,
+                            len(barren),
+                            epoch,
+                        )
+                        break
             except _StrictStop as stop:  # hand over what to report, then the consumer stops
                 effects.add(stop.effects)
                 yield Item(None, dict(cur), effects, self.worker, done=True, error=stop.message)

@@ -28,7 +28,7 @@ from muongen.data.batch import RaggedBatch
 from muongen.data.report import REPORT_NAME
 from muongen.data.stream import files_digest
 from muongen.devices import resolve_device
-from muongen.errors import CheckpointError, TrainingError
+from muongen.errors import CheckpointError, InputFileError, TrainingError
 from muongen.train import distributed as ddp
 from muongen.train.checkpoint import UNWRITABLE, Checkpointer, check_writable, unwritable
 from muongen.train.monitor import TrainingMonitor
@@ -452,6 +452,9 @@ class Trainer:
         (exhausted,) = ddp.agree([int(batch is None)], self.dist, self.device)
         if not exhausted:
             return False
+        (starved,) = ddp.agree([int(self.stream.stats["events"] == 0)], self.dist, self.device)
+        if starved:
+            raise self._no_events()
         if batch is not None:  # another rank ran out first (uneven shards)
             self.unused_tail_events = batch.n_events + sum(b.n_events for b in it)
             log.warning(
@@ -462,6 +465,19 @@ class Trainer:
             )
         log.info("end of data after %d epoch(s)", self.stream.epoch)
         return True
+
+    def _no_events(self) -> InputFileError:
+        """The error for a stream that ended before giving (some rank) a single event."""
+        st = self.stream.stats
+        return InputFileError(
+            f"no event could be read from the {len(self.files)} input file(s) of this run"
+            f"{f' (rank {self.dist.rank})' if self.dist.enabled else ''}: "
+            f"{st['bad_files']} file(s) unreadable, {st['bad_events']} bad event(s), "
+            f"{st['empty_dropped']} empty event(s) dropped (data.keep_empty), "
+            f"{st['outliers']} outlier(s) set aside (data.max_muons_per_event); "
+            f"{REPORT_NAME} in the run directory names the files and reasons; fix or replace "
+            "them, or check data.paths"
+        )
 
     def _count(self, batch: RaggedBatch) -> None:
         c = self.counters

@@ -375,3 +375,60 @@ def test_workers_without_a_file_end_and_the_others_stream_on(dataset, keys_of):
     assert not reader.is_alive(), "the stream hung on a worker with no file"
     assert len(got) == 10  # 3000 events: each worker's file read more than twice over
     assert set(keys_of(got).tolist()) == set(all_keys(files).tolist())
+
+
+def _drain(stream, limit: int = 50, timeout: float = 90) -> list:
+    """Up to ``limit`` batches of ``stream``, read in a thread that must end in ``timeout``."""
+    import threading
+
+    got: list = []
+    reader = threading.Thread(target=lambda: got.extend(take(stream, limit)), daemon=True)
+    reader.start()
+    reader.join(timeout=timeout)
+    assert not reader.is_alive(), "the stream hung on files that give no event"
+    return got
+
+
+@pytest.mark.parametrize("why", ["corrupt", "all filtered"])
+def test_a_stream_whose_files_give_no_event_ends_and_counts_them(
+    dataset, tmp_path, make_batch, why
+):
+    """No epoch limit (the presets' setting) and no event in any file: the stream ends after
+    one epoch, with the reasons counted. It used to loop over its files forever, silently."""
+    if why == "corrupt":  # a valid footer, every row group unreadable
+        files = [str(tmp_path / "damaged.parquet")]
+        rows = corrupt_row_group(dataset[0], Path(files[0]), rows_per_group=ROWS, group=0)
+        cfg = cfg_(shuffle_files=False, open_files=1)
+    else:  # every event has more muons than allowed, or none (dropped: keep_empty false)
+        files = [str(tmp_path / f"f{i}.parquet") for i in range(2)]
+        for i, f in enumerate(files):
+            writers.write_events(f, make_batch([0, 3, 0, 5, 9] * 60, seed=i), schema.FORMAT_V1)
+        rows = 2 * 300
+        cfg = cfg_(num_workers=2, keep_empty=False, max_muons_per_event=2)
+    report = BadInputReport()
+    stream = EventStream(files, cfg, report=report)
+    assert _drain(stream) == []
+    st = stream.stats
+    if why == "corrupt":
+        assert st["bad_files"] == 1 and st["bad_events"] == rows
+        assert list(report.files) == files
+    else:
+        # outliers are kept once; empty events are counted in every epoch that dropped them
+        assert st["outliers"] == rows * 3 // 5 and st["empty_dropped"] % (rows * 2 // 5) == 0
+        assert st["empty_dropped"] > 0
+
+
+def test_a_shard_dealt_only_a_bad_file_ends_and_the_good_ones_stream_on(dataset, tmp_path, keys_of):
+    """Workers dealt the same files every epoch: the one holding the corrupt file ends,
+    the other reads its good file epoch after epoch. Dealt anew every epoch (shuffle_files),
+    no worker ends while a good file exists."""
+    damaged = tmp_path / "damaged.parquet"
+    corrupt_row_group(dataset[0], damaged, rows_per_group=ROWS, group=0)
+    files = [str(damaged), dataset[1]]
+    for shuffle in (False, True):
+        cfg = cfg_(num_workers=2, shuffle_files=shuffle, open_files=1, batch_events=300)
+        stream = EventStream(files, cfg, seed=3)
+        got = _drain(stream, limit=12)
+        assert len(got) == 12  # 3600 events: the good file read five times over
+        assert set(np.unique(keys_of(got) >> 32).tolist()) == {1}
+        assert stream.stats["bad_files"] == 1

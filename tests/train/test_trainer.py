@@ -214,6 +214,29 @@ def test_end_of_data_stops_after_max_epochs(tiny_config, tmp_path):
     assert t.events_seen == len(keys) == t.stream.stats["events"]
 
 
+def test_data_that_gives_no_event_is_an_error_naming_the_reasons(tiny_config, tmp_path):
+    """Every event an outlier or empty (dropped): the run stops with an error that says so,
+    and bad_input.json is written. Without an epoch limit it used to wait forever."""
+    from muongen import schema
+    from muongen.data.batch import RaggedBatch
+    from muongen.data.reader import read_events
+    from muongen.data.writers import write_events
+    from muongen.errors import InputFileError
+
+    real = read_events(str(sorted((Path(tiny_config().data.paths[0])).glob("*.parquet"))[0]))
+    big = np.flatnonzero(real.counts.numpy() > 2)[:100].tolist()
+    picked = RaggedBatch.concat([real.slice(i, i + 1) for i in big])
+    for i in range(2):
+        write_events(tmp_path / "data" / f"f{i}.parquet", picked, schema.FORMAT_V1)
+    cfg = tiny_config(
+        data__paths=f"[{tmp_path / 'data'}]", data__max_muons_per_event=2, train__max_steps=20
+    )
+    run = tmp_path / "r"
+    with pytest.raises(InputFileError, match=r"no event could be read from the 2 input file"):
+        Trainer(cfg, run).train()
+    assert (run / "bad_input.json").exists()
+
+
 def test_nonfinite_steps_roll_back_then_stop(tiny_config, tmp_path, monkeypatch):
     t = Trainer(
         tiny_config(
