@@ -234,6 +234,17 @@ class TrainConfig:
     where the device runs ahead of Python, and with ``compile``)."""
     fake_counts: Literal["real", "predicted"] = "real"
     """Muons per fake event in training: the real event's count, or the head's prediction."""
+    cuda_graphs: bool = False
+    """On CUDA, record each training step as a CUDA graph and replay it: one launch instead
+    of ~2700 kernel launches from Python, which bound the step there. Each microbatch's
+    muons are padded up to one of a few sizes (an extra event, left out of every loss) so
+    that batches of the same events and padded size share a graph
+    (:mod:`muongen.train.graphs`). Needs ``fake_counts: real``, fp32 or bf16, no
+    ``compile``; applies to single-process runs (with DDP the step runs as usual)."""
+    cuda_graphs_max: int = 64
+    """At most this many recorded graphs (padded shapes x penalty patterns; none either
+    while less than a quarter of the GPU's memory is free); a batch of another shape then
+    runs as usual."""
     seed: int = 0
     """Seed of every RNG (per rank: seed + rank)."""
     deterministic: bool = False
@@ -357,12 +368,21 @@ def validate(cfg: Config) -> None:
         ("train.log_every", cfg.train.log_every >= 1, "must be >= 1"),
         ("train.cpu_threads", cfg.train.cpu_threads >= 0, "must be >= 0 (0: torch's default)"),
         ("train.step_shards", cfg.train.step_shards >= 0, "must be >= 0 (0: auto)"),
+        ("train.cuda_graphs_max", cfg.train.cuda_graphs_max >= 1, "must be >= 1"),
         ("model.critic_log_radius_floor", cfg.model.critic_log_radius_floor > 0, "must be > 0"),
         ("checkpoint.keep_last", cfg.checkpoint.keep_last >= 1, "must be >= 1"),
     ]
     for key, ok, why in checks:
         if not ok:
             raise ConfigError(f"config key {key} {why} (got {_get(cfg, key)!r})")
+    t = cfg.train
+    if t.cuda_graphs and (t.fake_counts != "real" or t.precision == "fp16" or t.compile):
+        raise ConfigError(
+            "train.cuda_graphs records the step with the real counts in fp32 or bf16, "
+            f"uncompiled (got train.fake_counts={t.fake_counts}, train.precision={t.precision}"
+            f", train.compile={str(t.compile).lower()}): set train.cuda_graphs=false or those "
+            "keys back"
+        )
     horizon = cfg.optim.decay_steps or cfg.train.max_steps
     if cfg.optim.schedule == "cosine" and horizon <= cfg.optim.warmup_steps:
         raise ConfigError(

@@ -123,9 +123,16 @@ class _Scored:
     With the predicted counts every event is scored. With ``optim.event_weight`` each
     scored event's scores are multiplied by its weight (:meth:`mask`), the same for its
     real and its fake bundle.
+
+    A microbatch padded for a CUDA graph (:mod:`muongen.train.graphs`) ends with extra
+    events holding the padding muons: they are scored like the others (static shapes) but
+    are not ``valid``, draw no penalty pair and are left out of the multiplicity loss and
+    of ``n_events``, so every loss and gradient is the unpadded microbatch's.
     """
 
-    batch: RaggedBatch
+    # every event of the microbatch, empty ones too (the multiplicity head learns from all)
+    all_cond: torch.Tensor  # (B, 4)
+    all_counts: torch.Tensor  # (B,)
     cond: torch.Tensor  # (B', 4)
     muons: torch.Tensor  # (N, F)
     counts: torch.Tensor  # (B',)
@@ -136,6 +143,7 @@ class _Scored:
     # not once per critic call (the map has no trained parameters)
     inputs: torch.Tensor | None = None
     gp_pairs: int = 0  # the penalty's pair cap for these events (0: all)
+    padded: bool = False  # the last scored row may be a padding event (see above)
     event_index: torch.Tensor = field(init=False)  # (N,) the event of each real muon
     # the critic updates' fake sets of this step, made up front (GanStep._fakes_ahead):
     # per update the fakes mapped by Critic.inputs (N', F') and their counts (B',)
@@ -166,6 +174,11 @@ class _Scored:
         if self.valid is not None:
             scores = torch.where(self.valid, scores, 0.0)
         return scores if self.weight is None else scores * self.weight
+
+    def pair_counts(self, counts: torch.Tensor) -> torch.Tensor:
+        """A scored set's counts as the penalty pairs them: 0 for the rows that do not
+        count (a padded microbatch's extra event must draw no pair)."""
+        return torch.where(self.valid, counts, 0) if self.padded else counts
 
 
 #: the least work (muons plus events with muons) worth a shard of its own: below it the
@@ -335,6 +348,10 @@ class GanStep:
         #: torch's threads shared out among the shards (each shard's thread sets its own)
         self.threads_per_shard = max(1, torch.get_num_threads() // self.shards)
         self._rngs = [torch.Generator() for _ in range(self.shards)] if self.shards > 1 else []
+        self.capturing = False  # recording a CUDA graph (autocast must not cache casts)
+        self.graphs = None
+        if train_cfg.cuda_graphs:
+            self._setup_graphs()
         self._generate = generator.generate_with_counts
         # the critic scores muons already mapped by critic.inputs (see _Scored.inputs)
         self._critic_fwd = critic.score
@@ -342,6 +359,28 @@ class GanStep:
             self._generate = torch.compile(generator.generate_with_counts, dynamic=True)
             if optim_cfg.gp_lambda == 0:  # the GP's double backward does not compile
                 self._critic_fwd = torch.compile(critic.score, dynamic=True)
+
+    def _setup_graphs(self) -> None:
+        """Record the step as CUDA graphs where that applies (train.cuda_graphs)."""
+        from muongen.train.graphs import StepGraphs
+
+        if self.device.type != "cuda":
+            log.info("train.cuda_graphs applies on CUDA only: the step runs as usual")
+            return
+        if self.sync_grads is not None:
+            log.info(
+                "train.cuda_graphs applies to single-process runs: with DDP the step runs as usual"
+            )
+            return
+        if not self._fused:
+            raise ConfigError("train.cuda_graphs needs the fused optimizers (CUDA has them)")
+        # the recorded optimizer kernels read the learning rates from the device; the
+        # schedulers (made before, so their base rates stay host floats) fill them in place
+        for opt in (self.opt_g, self.opt_c):
+            for group in opt.param_groups:
+                group["lr"] = torch.tensor(float(group["lr"]), device=self.device)
+                group["capturable"] = True
+        self.graphs = StepGraphs(self, self.train_cfg.cuda_graphs_max)
 
     # ------------------------------------------------------------------ the step
 
@@ -368,32 +407,53 @@ class GanStep:
         micro = [m for m in micro if m.n_events > 0]
         if not micro:
             raise ValueError("GanStep needs at least one microbatch with events")
+        if self.graphs is not None:
+            out = self.graphs(micro)  # None: this batch runs as usual
+            if out is not None:
+                self.advance()
+                return out
         work = self._shard_work(micro)
-        ocfg = self.optim_cfg
-
-        c_losses, gaps, gps, bads = [], [], [], []
         with self._shard_threads(len(work)):
-            with self._phase("critic"):
-                self._map(work, self._fakes_ahead)
-            for k in range(ocfg.n_critic):
-                use_gp = ocfg.gp_lambda > 0 and self.critic_step_count % ocfg.gp_every == 0
-                with self._phase("critic"):
-                    c_loss, gap, gp, bad = self._critic_update(work, use_gp, k)
-                c_losses.append(c_loss)
-                gaps.append(gap)
-                if use_gp:
-                    gps.append(gp)
-                bads.append(bad)
-                self.critic_step_count += 1
-            skipped_c = torch.stack(bads).sum()
-            self.skipped_critic += skipped_c
+            out = self.updates(work, self.gp_pattern())
+        self.advance()
+        return out
 
-            with self._phase("generator"):
-                g_loss, m_loss, bad_g = self._generator_update(work)
-        self.skipped_generator += bad_g
+    def gp_pattern(self) -> tuple[bool, ...]:
+        """Which of the next step's critic updates compute the penalty (every gp_every-th
+        critic update over the run)."""
+        o = self.optim_cfg
+        count = self.critic_step_count
+        return tuple(o.gp_lambda > 0 and (count + k) % o.gp_every == 0 for k in range(o.n_critic))
+
+    def advance(self) -> None:
+        """The host's side of a step: update counters and learning rates."""
+        self.critic_step_count += self.optim_cfg.n_critic
         self.generator_step_count += 1
         self.sched_g.step()
         self.sched_c.step()
+
+    def updates(self, work: list[_Work], gp_pattern: tuple[bool, ...]) -> dict[str, torch.Tensor]:
+        """The step's device work: the critic updates (the penalty where ``gp_pattern``
+        says) and the generator update; returns :meth:`__call__`'s dict. Reads nothing
+        back to the host and leaves the host's counters alone (:meth:`advance`), so a CUDA
+        graph can record it (:mod:`muongen.train.graphs`)."""
+        c_losses, gaps, gps, bads = [], [], [], []
+        with self._phase("critic"):
+            self._map(work, self._fakes_ahead)
+        for k, use_gp in enumerate(gp_pattern):
+            with self._phase("critic"):
+                c_loss, gap, gp, bad = self._critic_update(work, use_gp, k)
+            c_losses.append(c_loss)
+            gaps.append(gap)
+            if use_gp:
+                gps.append(gp)
+            bads.append(bad)
+        skipped_c = torch.stack(bads).sum()
+        self.skipped_critic += skipped_c
+
+        with self._phase("generator"):
+            g_loss, m_loss, bad_g = self._generator_update(work)
+        self.skipped_generator += bad_g
         zero = torch.zeros((), device=self.device)
         return {
             "c_loss": torch.stack(c_losses).mean(),
@@ -468,7 +528,7 @@ class GanStep:
                         mb.inputs,
                         mb.counts,
                         fake,
-                        fake_counts,
+                        mb.pair_counts(fake_counts),
                         max_pairs=mb.gp_pairs,
                         fraction=ocfg.gp_fraction,
                         norm=ocfg.gp_norm,
@@ -505,7 +565,7 @@ class GanStep:
                 fake, fake_counts = self._fake(mb.cond, mb.counts, mb.n_muons, rng)
                 # the multiplicity head learns from every event, empty ones too
                 m = self.generator.multiplicity_loss(
-                    mb.batch.conditions, mb.batch.counts, **self._rng_kw(rng)
+                    mb.all_cond, mb.all_counts, **self._rng_kw(rng)
                 )
                 fake_index = mb.event_index if fake_counts is mb.counts else None
                 fake = self.critic.inputs(fake)
@@ -595,22 +655,36 @@ class GanStep:
 
     # ------------------------------------------------------------------ helpers
 
-    def _scored(self, mb: RaggedBatch, gp_pairs: int) -> _Scored:
-        """The events of ``mb`` the critic scores (see :class:`_Scored`)."""
-        b, n = mb.n_events, mb.n_muons
+    def _scored(self, mb: RaggedBatch, gp_pairs: int, padded: int = 0) -> _Scored:
+        """The events of ``mb`` the critic scores (see :class:`_Scored`); its last
+        ``padded`` events hold padding muons (:mod:`muongen.train.graphs`) and do not count."""
+        b, n = mb.n_events - padded, mb.n_muons
+        all_cond, all_counts = mb.conditions[:b], mb.counts[:b]
         with torch.no_grad():
             inputs = self.critic.inputs(mb.muons)
         if self.train_cfg.fake_counts != "real":
-            return _Scored(mb, mb.conditions, mb.muons, mb.counts, b, None, None, inputs, gp_pairs)
+            if padded:
+                raise ValueError("a padded microbatch needs train.fake_counts=real")
+            return _Scored(
+                mb.conditions, mb.counts, mb.conditions, mb.muons, mb.counts, b, None, None,
+                inputs, gp_pairs,
+            )  # fmt: skip
         rows, counts = events_with_muons(mb.counts, n)
         cond = mb.conditions if rows is None else mb.conditions[rows]
+        valid = counts > 0
+        if padded:  # the padding events are the last ones
+            row = torch.arange(counts.shape[0], device=counts.device) if rows is None else rows
+            valid &= row < b
         weight = None
         if self.optim_cfg.event_weight != "none":
             # log(1 + N) or sqrt(N), mean 1 over all B events (the unscored empty ones weigh 0)
-            n_mu = counts.to(torch.float32)
+            n_mu = torch.where(valid, counts, 0).to(torch.float32)
             f = torch.log1p(n_mu) if self.optim_cfg.event_weight == "log" else n_mu.sqrt()
             weight = f * (b / f.sum().clamp(min=1e-12))
-        return _Scored(mb, cond, mb.muons, counts, b, counts > 0, weight, inputs, gp_pairs)
+        return _Scored(
+            all_cond, all_counts, cond, mb.muons, counts, b, valid, weight, inputs, gp_pairs,
+            padded > 0,
+        )  # fmt: skip
 
     def _fakes_ahead(self, work: _Work, rng: torch.Generator | None) -> None:
         """Every critic update's fake sets of one shard, made at once (``_Scored.fakes``).
@@ -676,7 +750,10 @@ class GanStep:
     def _autocast(self, enabled: bool = True):
         if self.amp_dtype is None or not enabled:
             return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+        # a recording keeps no cast cached past its end (torch's rule for CUDA graphs)
+        return torch.autocast(
+            self.device.type, dtype=self.amp_dtype, cache_enabled=not self.capturing
+        )
 
     def _backward(self, loss: torch.Tensor) -> None:
         if not loss.requires_grad:  # a term without a graph (e.g. no pairs for the GP)
@@ -726,8 +803,8 @@ class GanStep:
     def learning_rates(self) -> dict[str, float]:
         """Current learning rates (for logging)."""
         return {
-            "generator": self.opt_g.param_groups[0]["lr"],
-            "critic": self.opt_c.param_groups[0]["lr"],
+            "generator": float(self.opt_g.param_groups[0]["lr"]),
+            "critic": float(self.opt_c.param_groups[0]["lr"]),
         }
 
     def state_dict(self) -> dict:
@@ -738,8 +815,8 @@ class GanStep:
         differ in their bytes."""
         return {
             "version": STATE_VERSION,
-            "opt_g": ckpt.optimizer_state(self.opt_g),
-            "opt_c": ckpt.optimizer_state(self.opt_c),
+            "opt_g": _host_rates(ckpt.optimizer_state(self.opt_g)),
+            "opt_c": _host_rates(ckpt.optimizer_state(self.opt_c)),
             "scaler": self.scaler.state_dict(),
             "generator_step_count": self.generator_step_count,
             "critic_step_count": self.critic_step_count,
@@ -758,6 +835,8 @@ class GanStep:
         """
         if not sd:
             return
+        if self.graphs is not None:  # recorded on the optimizer tensors replaced below
+            self.graphs.reset()
         if sd.get("version") != STATE_VERSION:
             log.warning(
                 "training-step state has version %r, this muongen writes %r: weights "
@@ -785,5 +864,17 @@ class GanStep:
             sched.last_epoch = self.generator_step_count
             lrs = [base * sched.lr_lambdas[0](sched.last_epoch) for base in sched.base_lrs]
             for group, lr in zip(sched.optimizer.param_groups, lrs):
-                group["lr"] = lr
+                if torch.is_tensor(group["lr"]):  # a CUDA graph reads this very tensor
+                    group["lr"].fill_(lr)
+                else:
+                    group["lr"] = lr
             sched._last_lr = lrs  # what get_last_lr() reports
+
+
+def _host_rates(state: dict) -> dict:
+    """An optimizer state with device-tensor learning rates (``train.cuda_graphs``) saved
+    as floats, as without graphs: a checkpoint does not depend on how the step ran."""
+    for group in state["state"].get("param_groups", []):
+        if torch.is_tensor(group.get("lr")):
+            group["lr"] = float(group["lr"])
+    return state
