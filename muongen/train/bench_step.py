@@ -45,6 +45,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--compile", action="store_true", help="torch.compile the generator")
     parser.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="record the step as CUDA graphs and replay them (train.cuda_graphs)",
+    )
+    parser.add_argument(
         "--mix",
         choices=["production", "rich"],
         default="production",
@@ -125,6 +130,8 @@ def run(args: argparse.Namespace) -> int:
         f"train.device={device}",
         f"train.compile={str(args.compile).lower()}",
     ]
+    if args.cuda_graphs:
+        overrides.append("train.cuda_graphs=true")
     if args.precision:
         overrides.append(f"train.precision={args.precision}")
     if args.gp_every > 0:
@@ -147,7 +154,12 @@ def run(args: argparse.Namespace) -> int:
         if device == "cuda":
             torch.cuda.synchronize()
 
-    for _ in range(args.warmup):
+    warmup = args.warmup
+    if step.graphs is not None:  # each penalty pattern's warm-ups and recording, untimed
+        from muongen.train.graphs import WARMUP_STEPS
+
+        warmup = max(warmup, 2 * (WARMUP_STEPS + 1))
+    for _ in range(warmup):
         step(micro)
     sync()
     times = []  # per step, synchronised: shared machines are noisy, the median tells
@@ -180,6 +192,8 @@ def run(args: argparse.Namespace) -> int:
         "optimizer": cfg.optim.optimizer,
         "precision": precision if device == "cuda" else "fp32",
         "compile": args.compile,
+        "cuda_graphs": step.graphs is not None,
+        "graph_replays": step.graphs.replays if step.graphs is not None else 0,
         "reference_gp": args.reference_gp,
     }
     figures = {
@@ -189,6 +203,9 @@ def run(args: argparse.Namespace) -> int:
         "events_per_s_median": args.batch / median,
         "muons_per_s_median": batch.n_muons / median,
         "ms_per_step_median": 1000.0 * median,
+        "max_memory_gib": (
+            round(torch.cuda.max_memory_reserved() / 2**30, 2) if device == "cuda" else None
+        ),
         "c_loss": float(out["c_loss"]),
         "skipped": int(out["skipped"]),
     }
@@ -203,6 +220,7 @@ def run(args: argparse.Namespace) -> int:
         f"{args.batch} events / {batch.n_muons} muons ({settings['mean_muons_per_event']} per "
         f"event, {settings['empty_fraction']:.0%} empty, max {settings['max_muons_per_event']}),"
         f" n_critic {cfg.optim.n_critic}, GP {gp}, {cfg.optim.optimizer}, {settings['precision']}"
+        + (", CUDA graphs" if step.graphs is not None else "")
     )
     print(
         f"  {figures['events_per_s']:,.0f} events/s  {figures['muons_per_s']:,.0f} muons/s  "
