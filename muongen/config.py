@@ -237,10 +237,12 @@ class TrainConfig:
     cuda_graphs: bool = False
     """On CUDA, record each training step as a CUDA graph and replay it: one launch instead
     of ~2700 kernel launches from Python, which bound the step there. Each microbatch's
-    muons are padded up to one of a few sizes (an extra event, left out of every loss) so
-    that batches of the same events and padded size share a graph
+    muons are padded up to one of a few sizes (held by extra events, left out of every
+    loss) so that batches of the same events and padded size share a graph
     (:mod:`muongen.train.graphs`). Needs ``fake_counts: real``, fp32 or bf16, no
-    ``compile``; applies to single-process runs (with DDP the step runs as usual)."""
+    ``compile``; applies to single-process runs with ``optim.optimizer: adam`` (with DDP
+    or SGD the step runs as usual). Faster where the host bounds the step (few muons
+    per batch: 6-7x on an H200), no faster where the GPU does (README, "On a GPU")."""
     cuda_graphs_max: int = 64
     """At most this many recorded graphs (padded shapes x penalty patterns; none either
     while less than a quarter of the GPU's memory is free); a batch of another shape then

@@ -372,8 +372,13 @@ class GanStep:
                 "train.cuda_graphs applies to single-process runs: with DDP the step runs as usual"
             )
             return
-        if not self._fused:
-            raise ConfigError("train.cuda_graphs needs the fused optimizers (CUDA has them)")
+        if self.optim_cfg.optimizer != "adam" or not self._fused:
+            log.info(
+                "train.cuda_graphs records the fused Adam(W) update (optim.optimizer=adam): "
+                "with %s the step runs as usual",
+                self.optim_cfg.optimizer,
+            )
+            return
         # the recorded optimizer kernels read the learning rates from the device; the
         # schedulers (made before, so their base rates stay host floats) fill them in place
         for opt in (self.opt_g, self.opt_c):

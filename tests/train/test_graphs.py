@@ -167,6 +167,17 @@ def test_cuda_graphs_refuse_what_they_cannot_record(change):
         load_config("production-a100", ["train.cuda_graphs=true", change])
 
 
+@cuda
+def test_cuda_graphs_need_adam(caplog):
+    gen, critic = small_models()
+    gen.cuda()
+    critic.cuda()
+    ocfg = OptimConfig(optimizer="sgd")
+    with caplog.at_level("INFO"):
+        step = GanStep(gen, critic, ocfg, TrainConfig(cuda_graphs=True), "cuda")
+    assert step.graphs is None and "optim.optimizer=adam" in caplog.text
+
+
 def test_cuda_graphs_off_cuda_leave_the_step_as_it_was(caplog):
     gen, critic = small_models()
     with caplog.at_level("INFO"):
