@@ -78,8 +78,8 @@ def _room_for_a_graph() -> bool:
 
 def padded_size(n_muons: int) -> int:
     """The muon count a microbatch of ``n_muons`` is padded to: a multiple of 2^(k - 3)
-    for n in [2^(k-1), 2^k), i.e. 8 sizes per doubling, at most 1/8 more muons; and
-    always at least one padding muon's room (the extra event may also hold none)."""
+    for n in [2^(k-1), 2^k), i.e. 8 sizes per doubling, at most 1/8 more muons (none
+    when n is one of the sizes: the padding events then hold no muon)."""
     n = max(n_muons, MIN_PADDED)
     step = 1 << max(0, n.bit_length() - 4)
     return -(-n // step) * step
@@ -117,7 +117,7 @@ class _Recorded:
 
     def load(self, micro: list[RaggedBatch]) -> None:
         """Copy a batch into the static inputs (same events per microbatch, and muons
-        that fit), zeroing the padding muons and setting the extra event's count."""
+        that fit), zeroing the padding muons and setting the padding events' counts."""
         for static, mb in zip(self.inputs, micro):
             b, n = mb.n_events, mb.n_muons
             static.conditions[:b].copy_(mb.conditions, non_blocking=True)
