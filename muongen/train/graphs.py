@@ -99,6 +99,10 @@ def pad(mb: RaggedBatch, size: int) -> RaggedBatch:
     return RaggedBatch(cond, muons, counts)
 
 
+def _padded(micro: list[RaggedBatch]) -> list[RaggedBatch]:
+    return [pad(m, padded_size(m.n_muons)) for m in micro]
+
+
 def _share_padding(counts: torch.Tensor, extra: int) -> None:
     """Set the padding events' counts in place: ``extra`` muons shared out evenly, from
     the host's numbers alone (two fills: nothing is copied from the host)."""
@@ -198,26 +202,19 @@ class StepGraphs:
     ) -> dict[str, torch.Tensor]:
         """The step's updates on the padded microbatches, run as usual (optionally on a
         side stream): what a recorded graph replays."""
-        padded = [pad(m, padded_size(m.n_muons)) for m in micro]
+        padded = _padded(micro)
         ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
         if stream is not None:
             stream.wait_stream(torch.cuda.current_stream())
         with ctx:
-            out = self.step.updates(self._work(padded, micro), gp_pattern)
+            out = self.step.updates(self.step._shard_work(padded, PAD_EVENTS), gp_pattern)
         if stream is not None:
             torch.cuda.current_stream().wait_stream(stream)
         return out
 
-    def _work(self, padded: list[RaggedBatch], micro: list[RaggedBatch]) -> list:
-        """The step's work list (one shard) for padded microbatches of ``micro``."""
-        total = sum(m.n_events for m in micro)
-        cap = self.step.optim_cfg.gp_max_pairs
-        scored = [self.step._scored(p, cap, padded=PAD_EVENTS) for p in padded]
-        return [[(sc, m.n_events / total) for sc, m in zip(scored, micro)]]
-
     def _record(self, micro: list[RaggedBatch], key: tuple) -> _Recorded:
         step = self.step
-        inputs = [pad(m, padded_size(m.n_muons)) for m in micro]
+        inputs = _padded(micro)
         step.opt_g.zero_grad(set_to_none=True)  # gradients come from the graph's pool
         step.opt_c.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
@@ -226,7 +223,7 @@ class StepGraphs:
         step.capturing = True
         try:
             with torch.cuda.graph(graph):
-                outputs = step.updates(self._work(inputs, micro), key[1])
+                outputs = step.updates(step._shard_work(inputs, PAD_EVENTS), key[1])
         finally:
             step.timer = timer
             step.capturing = False

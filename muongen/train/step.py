@@ -143,7 +143,7 @@ class _Scored:
     # not once per critic call (the map has no trained parameters)
     inputs: torch.Tensor | None = None
     gp_pairs: int = 0  # the penalty's pair cap for these events (0: all)
-    padded: bool = False  # the last scored row may be a padding event (see above)
+    padded: bool = False  # the last scored rows may be padding events (see above)
     event_index: torch.Tensor = field(init=False)  # (N,) the event of each real muon
     # the critic updates' fake sets of this step, made up front (GanStep._fakes_ahead):
     # per update the fakes mapped by Critic.inputs (N', F') and their counts (B',)
@@ -586,21 +586,22 @@ class GanStep:
 
     # ------------------------------------------------------------------ shards
 
-    def _shard_work(self, micro: list[RaggedBatch]) -> list[_Work]:
+    def _shard_work(self, micro: list[RaggedBatch], padded: int = 0) -> list[_Work]:
         """Each shard's scored events and their weights (event shares of the batch).
 
-        One shard: the microbatches as given. Several: every microbatch is cut into that
-        many runs of consecutive events of about equal cost (:func:`shard_bounds`; fewer
-        when a shard would get less than ``SHARD_MIN_COST``), and the penalty's pair cap is
-        shared out by muons, so the step still pairs at most ``gp_max_pairs`` per
-        microbatch. Trailing shards left without work are dropped: a batch too small to
+        One shard (and microbatches whose last ``padded`` events are padding, for a CUDA
+        graph: :mod:`muongen.train.graphs`): the microbatches as given. Several: every
+        microbatch is cut into that many runs of consecutive events of about equal cost
+        (:func:`shard_bounds`; fewer when a shard would get less than ``SHARD_MIN_COST``),
+        and the penalty's pair cap is shared out by muons, so the step still pairs at most
+        ``gp_max_pairs`` per microbatch. Trailing shards left without work are dropped: a batch too small to
         cut runs as one shard, exactly as without shards (this thread, torch's threads,
         the global RNG).
         """
-        total = sum(m.n_events for m in micro)
+        total = sum(m.n_events - padded for m in micro)
         cap = self.optim_cfg.gp_max_pairs
-        if self.shards == 1:
-            return [[(self._scored(m, cap), m.n_events / total) for m in micro]]
+        if self.shards == 1 or padded:
+            return [[(self._scored(m, cap, padded), (m.n_events - padded) / total) for m in micro]]
         work: list[_Work] = [[] for _ in range(self.shards)]
         for m in micro:
             bounds = shard_bounds(m.counts, self.shards, min_cost=SHARD_MIN_COST)
