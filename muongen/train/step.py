@@ -594,9 +594,9 @@ class GanStep:
         microbatch is cut into that many runs of consecutive events of about equal cost
         (:func:`shard_bounds`; fewer when a shard would get less than ``SHARD_MIN_COST``),
         and the penalty's pair cap is shared out by muons, so the step still pairs at most
-        ``gp_max_pairs`` per microbatch. Trailing shards left without work are dropped: a batch too small to
-        cut runs as one shard, exactly as without shards (this thread, torch's threads,
-        the global RNG).
+        ``gp_max_pairs`` per microbatch. Trailing shards left without work are dropped:
+        a batch too small to cut runs as one shard, exactly as without shards (this
+        thread, torch's threads, the global RNG).
         """
         total = sum(m.n_events - padded for m in micro)
         cap = self.optim_cfg.gp_max_pairs
