@@ -141,6 +141,17 @@ class ModelConfig:
     """xy representation: turn each generated bundle by a uniform random azimuth, so the
     generated bundles are exactly invariant under azimuthal rotation, as the physics is
     (x and y have mean 0 and one marginal by construction, not by training)."""
+    lateral_head: Literal["xy", "polar"] = "xy"
+    """xy representation: what the generator's per-muon net outputs for a muon's place.
+    ``xy``: x and y (standardised), the bundle then turned (``lateral_rotate``). ``polar``:
+    the log of the distance to the axis (standardised by its own fitted mean and spread),
+    turned by a uniform azimuth drawn for each muon, x = r sin(phi), y = r cos(phi): the
+    lateral profile is learnt in log r, where radii from 0.2 to 50 m are a few standard
+    deviations apart (in x and y the inner 16% of the muons lie within 0.2 standard
+    deviations of the axis), and each muon's azimuth is uniform and independent of the
+    others', as in a shower whose muons come from independent meson decays (a
+    correlation of the azimuths within a bundle cannot be learnt). The critic and the
+    data are unchanged (xy)."""
 
 
 @dataclass
@@ -377,6 +388,12 @@ def validate(cfg: Config) -> None:
     for key, ok, why in checks:
         if not ok:
             raise ConfigError(f"config key {key} {why} (got {_get(cfg, key)!r})")
+    if cfg.model.lateral_head == "polar" and cfg.model.representation != "xy":
+        raise ConfigError(
+            "model.lateral_head=polar is the xy representation's (the radial one has no x "
+            f"and y; got model.representation={cfg.model.representation}): set "
+            "model.lateral_head=xy or model.representation=xy"
+        )
     t = cfg.train
     if t.cuda_graphs and (t.fake_counts != "real" or t.precision == "fp16" or t.compile):
         raise ConfigError(

@@ -11,7 +11,8 @@ the noise as inputs, so the same inputs give the same bundles in every runtime::
                                                cols 1..Zg: N(0,1) event context,
                                                col Zg+1: U[0,1) bundle rotation
              muon_noise   float32 (M, Zl + 1)  cols 0..Zl-1: N(0,1) per muon,
-                                               col Zl: U[0,1) muon azimuth (radial models)
+                                               col Zl: U[0,1) muon azimuth (radial models
+                                               and model.lateral_head=polar)
     outputs  counts       int64   (B,)    muons per event
              muons        float32 (N, 3)  [E GeV, x m, y m], event after event,
                                           N = counts.sum()
@@ -24,7 +25,7 @@ module's constants ``z_global``/``z_local``; ONNX: metadata_props).
 
 ``muongen sample`` with seed s draws its noise in this order from one torch.Generator:
 multiplicity (B,), context (B, Zg), per-muon (N, Zl), rotation (B,) [xy] or azimuth (N,)
-[radial]; :func:`sampler_noise` replays it, which the tests use to check that an export
+[radial, polar]; :func:`sampler_noise` replays it, which the tests use to check that an export
 gives exactly what muongen's own sampler gives.
 """
 
@@ -80,6 +81,8 @@ class PhysicalGenerator(nn.Module):
         self.max_muons = int(generator.max_muons)
         self.representation = str(generator.representation)
         self.rotate = bool(generator.rotate)
+        self.polar = bool(getattr(generator, "polar", False))
+        self.polar_norm = getattr(generator, "polar_norm", None)
 
     def forward(
         self, conditions: torch.Tensor, event_noise: torch.Tensor, muon_noise: torch.Tensor
@@ -105,9 +108,12 @@ class PhysicalGenerator(nn.Module):
         # once per event, the noise part per muon (as the generator computes it)
         hidden = split_linear(self.local_net[0], context, noise[:, :zl], counts, event_of)
         out = self.local_net[1:](hidden)  # (N, F) standardised
-        feat = self.muon_norm.inverse(out)  # (N, F) features
+        if self.polar_norm is not None:  # [log E, log r] standardised
+            feat = self.polar_norm.inverse(out)
+        else:
+            feat = self.muon_norm.inverse(out)  # (N, F) features
         energy = schema.ENERGY_SCALE_GEV * torch.pow(10.0, feat[:, 0])
-        if self.representation == "radial":
+        if self.representation == "radial" or self.polar:
             r = feat[:, 1].abs() * schema.POSITION_SCALE_M
             phi = noise[:, zl] * (2.0 * math.pi)
             x, y = r * torch.sin(phi), r * torch.cos(phi)
@@ -134,6 +140,7 @@ class PhysicalGenerator(nn.Module):
             "z_global": str(self.z_global),
             "z_local": str(self.z_local),
             "representation": self.representation,
+            "lateral_head": "polar" if self.polar else "xy",
             "max_muons": str(self.max_muons),
             "inputs": "conditions (B,4) [E GeV, zenith rad, A, depth m]; event_noise "
             "(B,2+z_global) [N(0,1), N(0,1) x z_global, U(0,1)]; muon_noise (M,z_local+1) "
@@ -181,7 +188,8 @@ def sampler_noise(
     later draws depend on how many muons there are), e.g.
     ``lambda ev: module(cond, ev, muon_noise_stub)[0]``. Mirrors the generator's order of
     draws: multiplicity (B,), context (B, Zg) (for every event, also those the generator's
-    per-event nets skip), per-muon (N, Zl), then the rotation (B,) or the azimuths (N,).
+    per-event nets skip), per-muon (N, Zl), then the rotation (B,) or the azimuths (N,)
+    (radial, polar).
     """
     zg, zl = module.z_global, module.z_local
     rng = torch.Generator().manual_seed(seed)
@@ -192,7 +200,7 @@ def sampler_noise(
     event[:, 1 : 1 + zg] = torch.randn((n_events, zg), generator=rng)
     muon = torch.zeros((max(n, 1), zl + 1))
     muon[:n, :zl] = torch.randn((n, zl), generator=rng)
-    if module.representation == "radial":
+    if module.representation == "radial" or module.polar:
         muon[:n, zl] = torch.rand((n,), generator=rng)
     elif module.rotate:
         event[:, 1 + zg] = torch.rand((n_events,), generator=rng)

@@ -31,6 +31,9 @@ def _checkpoint(tmp_path_factory, overrides: list[str]):
         set_multiplicity(generator, 0.8)
         generator.cond_norm.mean.copy_(torch.tensor([0.5, 0.7, 0.6, 1.9]))
         generator.cond_norm.std.copy_(torch.tensor([0.9, 0.2, 0.7, 0.5]))
+        if generator.polar_norm is not None:  # log r around e^-4 x 500 m = 9 m
+            generator.polar_norm.mean.copy_(torch.tensor([0.2, -4.0]))
+            generator.polar_norm.std.copy_(torch.tensor([0.6, 1.1]))
     out = tmp_path_factory.mktemp("ckpt")
     saved = checkpoint.save(
         {"config": cfg.to_dict(), "generator": generator.state_dict()}, out, "small", step=3
@@ -38,16 +41,18 @@ def _checkpoint(tmp_path_factory, overrides: list[str]):
     return saved.manifest
 
 
-@pytest.fixture(scope="module", params=["xy", "radial", "xy-hurdle"])
+@pytest.fixture(scope="module", params=["xy", "radial", "xy-hurdle", "polar"])
 def small_checkpoint(request, tmp_path_factory):
     """Small checkpoints in both muon representations (xy: rotated bundles; radial: drawn
-    azimuths) with the lognormal multiplicity head, and one with the hurdle head: every
-    noise input is used."""
+    azimuths) with the lognormal multiplicity head, one with the hurdle head, and one with
+    the xy representation's polar head (log r and an azimuth per muon): every noise input
+    is used."""
     representation, _, head = request.param.partition("-")
-    overrides = [
-        f"model.representation={representation}",
-        f"model.multiplicity={head or 'lognormal'}",
-    ]
+    overrides = [f"model.multiplicity={head or 'lognormal'}"]
+    if representation == "polar":
+        overrides += ["model.lateral_head=polar"]
+    else:
+        overrides += [f"model.representation={representation}"]
     return _checkpoint(tmp_path_factory, overrides)
 
 

@@ -138,10 +138,15 @@ class Generator(nn.Module):
         self.z_local = cfg.z_local
         self.max_muons = cfg.max_generated_muons
         self.multiplicity_mode = cfg.multiplicity
-        self.rotate = cfg.representation == "xy" and cfg.lateral_rotate
+        # polar: the local net gives [log E, log r] and each muon draws its own azimuth,
+        # which makes turning the bundle needless
+        self.polar = cfg.representation == "xy" and cfg.lateral_head == "polar"
+        self.rotate = cfg.representation == "xy" and cfg.lateral_rotate and not self.polar
         nc = schema.N_CONDITION
         self.cond_norm = Standardiser(nc)
         self.muon_norm = muon_standardiser(cfg)
+        # polar: [log E, r] standardised, r in log space (fitted by fit_normalisers)
+        self.polar_norm = Standardiser(2, log_features=(1,)) if self.polar else None
         self.multiplicity_spread = None
         if cfg.multiplicity == "hurdle":
             self.multiplicity = HurdleMultiplicity(
@@ -165,7 +170,7 @@ class Generator(nn.Module):
         self.local_net = mlp(
             cfg.context + cfg.z_local,
             cfg.local_hidden,
-            self.n_features,
+            2 if self.polar else self.n_features,
             activation=leaky_relu_inplace,
         )
 
@@ -282,6 +287,8 @@ class Generator(nn.Module):
         # part once per event, its noise part per muon (per-muon cost independent of C)
         z_local = _noise((n_muons, self.z_local), context, generator)
         out = self._local(context, z_local, counts)  # (N, F) standardised
+        if self.polar:
+            return self._polar(out, n_muons, generator)
         muons = self.muon_norm.inverse(out)  # radial: r = exp(...) > 0
         if not self.rotate:
             return muons
@@ -298,6 +305,20 @@ class Generator(nn.Module):
         cos, sin = turn[:, 0], turn[:, 1]  # per event, then repeated: cheaper than per muon
         x, y = muons[:, 1], muons[:, 2]
         return torch.stack([muons[:, 0], cos * x - sin * y, sin * x + cos * y], dim=1)
+
+    def _polar(
+        self, out: torch.Tensor, n_muons: int, generator: torch.Generator | None
+    ) -> torch.Tensor:
+        """(N, 2) standardised [log E, log r] -> (N, 3) [log E, x, y] features, each muon
+        turned by its own uniform azimuth (drawn after the per-muon noise)."""
+        energy_r = self.polar_norm.inverse(out)  # r = exp(...) > 0
+        if generator is None:  # as in _noise: torch.compile traces this overload only
+            u = torch.rand((n_muons,), device=out.device, dtype=out.dtype)
+        else:
+            u = torch.rand((n_muons,), generator=generator, device=out.device, dtype=out.dtype)
+        phi = (2.0 * torch.pi) * u
+        r = energy_r[:, 1]
+        return torch.stack([energy_r[:, 0], r * torch.sin(phi), r * torch.cos(phi)], dim=1)
 
     def _local(
         self, context: torch.Tensor, z_local: torch.Tensor, counts: torch.Tensor
@@ -322,7 +343,7 @@ class Generator(nn.Module):
             return rest(split_linear(first, context, z_local, counts))
         event_part, w_muon = split_parts(first, context)
         event_index = event_index_of(counts, n_muons)
-        out = z_local.new_empty(n_muons, self.n_features)
+        out = z_local.new_empty(n_muons, self.local_net[-1].out_features)
         for start in range(0, n_muons, LOCAL_BLOCK_ROWS):
             rows = slice(start, start + LOCAL_BLOCK_ROWS)
             hidden = add_muon_part(

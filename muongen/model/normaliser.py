@@ -144,3 +144,17 @@ def fit_normalisers(generator: nn.Module, critic: nn.Module, batch: RaggedBatch)
     for model in (generator, critic):
         model.cond_norm.fit(batch.conditions)
         model.muon_norm.fit(batch.muons)
+    polar = getattr(generator, "polar_norm", None)
+    if polar is not None:
+        polar.fit(polar_features(batch.muons))
+
+
+#: polar_features' floor under r (x / 500 m units: 5 mm), so that a muon on the axis
+#: does not drag the fitted mean and spread of log r
+POLAR_MIN_R = 1e-5
+
+
+def polar_features(muons: torch.Tensor) -> torch.Tensor:
+    """(N, 3) [log E, x, y] features -> (N, 2) [log E, r], r = hypot(x, y) (>= POLAR_MIN_R)."""
+    r = torch.hypot(muons[:, 1], muons[:, 2]).clamp(min=POLAR_MIN_R)
+    return torch.stack([muons[:, 0], r], dim=1)
