@@ -230,3 +230,15 @@ def test_polar_head_is_fitted_on_the_radii_and_refused_with_the_radial_represent
     torch.testing.assert_close(gen.polar_norm.mean[0].double(), muons[:, 0].double().mean())
     with pytest.raises(ConfigError, match="model.lateral_head=polar"):
         load_config(None, ["model.representation=radial", "model.lateral_head=polar"])
+
+
+def test_polar_head_passes_gradients_from_x_and_y_to_log_r():
+    """Training moves the radius through x and y: a loss on the placed muons' x^2 + y^2
+    reaches the log-r output of the local net (and not the energy output)."""
+    torch.manual_seed(1)
+    gen, _ = build_models(small_model_config(lateral_head="polar"))
+    counts = torch.tensor([3, 0, 5])
+    out = gen.generate_with_counts(torch.randn(3, 4), counts, 8)
+    (out[:, 1].square() + out[:, 2].square()).sum().backward()
+    bias_grad = gen.local_net[-1].bias.grad
+    assert bias_grad[0] == 0 and bias_grad[1] > 0  # d r^2 / d log r = 2 r^2 > 0
