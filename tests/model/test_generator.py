@@ -228,7 +228,7 @@ def test_polar_head_is_fitted_on_the_radii_and_refused_with_the_radial_represent
     log_r = torch.log(torch.tensor([0.05, POLAR_MIN_R, 1.0], dtype=torch.float64))
     torch.testing.assert_close(gen.polar_norm.mean[1].double(), log_r.mean())
     torch.testing.assert_close(gen.polar_norm.mean[0].double(), muons[:, 0].double().mean())
-    with pytest.raises(ConfigError, match="model.lateral_head=polar"):
+    with pytest.raises(ConfigError, match=r"model\.lateral_head=polar"):
         load_config(None, ["model.representation=radial", "model.lateral_head=polar"])
 
 
