@@ -108,10 +108,8 @@ class PhysicalGenerator(nn.Module):
         # once per event, the noise part per muon (as the generator computes it)
         hidden = split_linear(self.local_net[0], context, noise[:, :zl], counts, event_of)
         out = self.local_net[1:](hidden)  # (N, F) standardised
-        if self.polar_norm is not None:  # [log E, log r] standardised
-            feat = self.polar_norm.inverse(out)
-        else:
-            feat = self.muon_norm.inverse(out)  # (N, F) features
+        # (N, F) features; polar: [log E, r] from the standardised [log E, log r]
+        feat = (self.polar_norm if self.polar else self.muon_norm).inverse(out)
         energy = schema.ENERGY_SCALE_GEV * torch.pow(10.0, feat[:, 0])
         if self.representation == "radial" or self.polar:
             r = feat[:, 1].abs() * schema.POSITION_SCALE_M

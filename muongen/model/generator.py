@@ -115,6 +115,13 @@ def _noise(shape: tuple, like: torch.Tensor, generator: torch.Generator | None) 
     return torch.randn(shape, generator=generator, device=like.device, dtype=like.dtype)
 
 
+def _uniform(n: int, like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """(n,) U(0, 1) draws on ``like``'s device and dtype (the angles of :class:`Generator`)."""
+    if generator is None:  # as in _noise: torch.compile traces this overload only
+        return torch.rand((n,), device=like.device, dtype=like.dtype)
+    return torch.rand((n,), generator=generator, device=like.device, dtype=like.dtype)
+
+
 class Generator(nn.Module):
     """Conditional generator of ragged muon sets (features, not physical units).
 
@@ -294,10 +301,7 @@ class Generator(nn.Module):
             return muons
         # the azimuth is uniform: turn each event's bundle rigidly by a random angle, so
         # x and y have mean 0 and the same marginal by construction (no drift to learn)
-        if generator is None:  # as in _noise: torch.compile traces this overload only
-            u = torch.rand((n_draw,), device=muons.device, dtype=muons.dtype)
-        else:
-            u = torch.rand((n_draw,), generator=generator, device=muons.device, dtype=muons.dtype)
+        u = _uniform(n_draw, muons, generator)
         if every:
             u = u[rows]
         turn = torch.stack([torch.cos(2 * torch.pi * u), torch.sin(2 * torch.pi * u)], -1)
@@ -312,11 +316,7 @@ class Generator(nn.Module):
         """(N, 2) standardised [log E, log r] -> (N, 3) [log E, x, y] features, each muon
         turned by its own uniform azimuth (drawn after the per-muon noise)."""
         energy_r = self.polar_norm.inverse(out)  # r = exp(...) > 0
-        if generator is None:  # as in _noise: torch.compile traces this overload only
-            u = torch.rand((n_muons,), device=out.device, dtype=out.dtype)
-        else:
-            u = torch.rand((n_muons,), generator=generator, device=out.device, dtype=out.dtype)
-        phi = (2.0 * torch.pi) * u
+        phi = (2.0 * torch.pi) * _uniform(n_muons, out, generator)
         r = energy_r[:, 1]
         return torch.stack([energy_r[:, 0], r * torch.sin(phi), r * torch.cos(phi)], dim=1)
 
