@@ -84,7 +84,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         ),
     )
     parser.add_argument(
-        "--min-bin-events", type=int, default=50, help="bins with fewer events per half are sparse"
+        "--min-bin-events",
+        type=int,
+        default=50,
+        help="bins with fewer events per half are sparse, and a metric is left out of a split "
+        "whose reference half gives it fewer events to rest on (events with muons, or "
+        "bundles of its multiplicity bin)",
     )
     parser.add_argument(
         "--no-shower-groups",

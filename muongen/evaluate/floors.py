@@ -207,7 +207,9 @@ class Yardstick:
         bins: condition variable -> bin edges (see features.CONDITION_VARIABLES).
         n_splits: random half splits everything is averaged over.
         min_events: a bin whose halves would hold fewer events than this is sparse (no
-            metrics).
+            metrics); in a split whose reference half gives a metric fewer events to rest
+            on (events with muons, or of its bundle-size bin: metrics.support), that metric
+            is not measured, for the floor and the candidates alike.
         seed: seeds the splits and the baseline.
         baseline: measure the condition-ignoring baseline too (drawn, in each split, from
             the pooled events of half B for half B's primaries; never from the reference A).
@@ -279,7 +281,12 @@ class Yardstick:
             ]
             for var, e in self.bins.items()
         }
-        kw = {"scale": self.scale, "names": self.names, "grid": self.grid}
+        kw = {
+            "scale": self.scale,
+            "names": self.names,
+            "grid": self.grid,
+            "min_support": self.min_events,
+        }
         for s, ((ia, ib), ref, half) in enumerate(zip(self.splits, self.refs, halves)):
             for m, v in compute_metrics(ref, half, **kw).items():
                 overall[m][s] = v
@@ -451,7 +458,9 @@ def compare(
         baseline: add the condition-ignoring baseline as candidate "baseline".
         bins: condition variable -> bin edges (see features.CONDITION_VARIABLES); None: none.
         n_splits: random A/B splits every value is the mean of (errors need >= 2).
-        min_events: a bin whose halves would hold fewer events than this is sparse.
+        min_events: a bin whose halves would hold fewer events than this is sparse; a
+            metric with fewer events to rest on in a split's reference half is left out of
+            that split (see :class:`Yardstick`).
         seed: seeds the splits and the baseline.
         ratio_target: the ratio to floor a model must stay within to pass.
         fast: per-muon W1 on a fine grid (MuonGrid) instead of exact sorts.

@@ -300,6 +300,20 @@ def standardiser(sample: EventSample) -> tuple[np.ndarray, np.ndarray]:
     return m.mean(0), np.where(std > 0, std, 1.0)
 
 
+def support(sample: EventSample, name: str) -> int:
+    """How many events of ``sample`` metric ``name`` rests on: all of them for the
+    multiplicity, those of its bundle-size bin for a within-bundle metric, else the events
+    with muons (the bundles a per-muon metric's muons come from: muons of one bundle are not
+    independent draws, so 40 muons of 4 bundles are 4 samples, not 40)."""
+    if name == "multiplicity":
+        return sample.n_events
+    if name in W1_BUNDLE:
+        lo, hi = MULTIPLICITY_BINS[W1_BUNDLE[name][1]]
+        n = sample.counts
+        return int(np.count_nonzero((n >= lo) if hi is None else (n >= lo) & (n < hi)))
+    return int(np.count_nonzero(sample.counts))
+
+
 def compute_metrics(
     ref: EventSample,
     other: EventSample,
@@ -307,6 +321,7 @@ def compute_metrics(
     scale: tuple[np.ndarray, np.ndarray] | None = None,
     names: tuple[str, ...] = METRICS,
     grid: MuonGrid | None = None,
+    min_support: int = 0,
 ) -> dict[str, float]:
     """Every metric in ``names`` between ``ref`` and ``other``.
 
@@ -314,10 +329,15 @@ def compute_metrics(
         scale: (mean, std) standardising the event observables for the Frechet distance
             (default: from ``ref``).
         grid: fine bins for fast per-muon W1 (both samples digitised with it); None: exact.
+        min_support: a metric whose ``ref`` events it rests on (:func:`support`) are fewer
+            than this is NaN, whatever ``other`` holds: decided on the reference alone, so
+            the floor and every candidate lose the same splits.
     """
     out: dict[str, float] = {}
     for name in names:
-        if name in W1_MUON:
+        if min_support and support(ref, name) < min_support:
+            out[name] = float("nan")
+        elif name in W1_MUON:
             out[name] = muon_w1(ref, other, W1_MUON[name], grid)
         elif name in W1_EVENT:
             out[name] = wasserstein_1d(ref.event[W1_EVENT[name]], other.event[W1_EVENT[name]])

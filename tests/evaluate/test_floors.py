@@ -146,6 +146,41 @@ def test_bins_count_events_and_flag_sparse_ones(toy):
     assert res["ratio_target"] == 3.0 and res["split"]["n_events"] == 2000
 
 
+def _thin_bin_sample(real_muons_in_low_bin: bool) -> EventSample:
+    """1000 events at 1e5.5 GeV of which 12 hold one muon (or none), 1000 at 1e7 GeV with
+    Poisson(3) muons: the low bin has events enough, bundles too few to measure muons by."""
+    rng = np.random.default_rng(5)
+    e0 = np.r_[np.full(1000, 10**5.5), np.full(1000, 1e7)]
+    cond = np.stack([e0, np.full(2000, 0.3), np.full(2000, 4.0), np.full(2000, 1500.0)], 1)
+    counts = np.r_[np.zeros(1000, np.int64), rng.poisson(3.0, 1000)]
+    if real_muons_in_low_bin:
+        counts[rng.choice(1000, 12, replace=False)] = 1
+    n = int(counts.sum())
+    muons = np.stack([10.0 ** rng.normal(2, 0.5, n), rng.normal(0, 5, n), rng.normal(0, 5, n)], 1)
+    return EventSample.from_arrays(cond, muons, counts)
+
+
+def test_a_bin_of_few_bundles_is_not_failed_for_the_muons_it_cannot_measure():
+    """A bin with 500 events per half but ~6 muon-carrying ones: the muon metrics' floor there
+    rests on a handful of bundles, so it is not measured, and a model that happens to make
+    none of its 12 muons is not a "FAIL; no model output" nor an infinite worst ratio. Its
+    multiplicity is measured (1000 events), and a lower --min-bin-events measures the rest."""
+    real, model = _thin_bin_sample(True), _thin_bin_sample(False)
+    bins = {"log10_energy": np.array([5.0, 6.0, 8.0])}
+    res = compare(real, {"model": model}, bins=bins, n_splits=4, min_events=50)
+    low = res["binned"]["log10_energy"]["bins"][0]
+    assert not low["sparse"] and low["n_events"] == 1000
+    for m in ("muon_log10_energy", "muon_radius", "frechet_event", "muon_log10_energy_n1"):
+        assert low["metrics"][m]["verdict"] == "n/a", m
+    assert math.isfinite(low["metrics"]["multiplicity"]["floor"])
+    assert math.isfinite(res["summary"]["worst_ratio"])
+    assert not res["summary"]["worst_no_output"]
+    thin = compare(real, {"model": model}, bins=bins, n_splits=4, min_events=2)
+    low = thin["binned"]["log10_energy"]["bins"][0]["metrics"]
+    assert low["muon_log10_energy"]["verdict"].endswith("no model output")
+    assert math.isnan(low["muon_log10_energy"]["model"])
+
+
 def test_compare_refuses_misaligned_candidates(toy):
     real = toy(100, seed=0)
     with pytest.raises(ValueError, match="aligned"):

@@ -17,6 +17,7 @@ from muongen.evaluate.metrics import (
     frechet_distance,
     gaussian_frechet,
     parse_edges,
+    support,
     wasserstein_1d,
 )
 
@@ -154,6 +155,30 @@ def test_radial_profile_and_spectrum_in_multiplicity_bins_known_answers():
     # the model has no bundles of 2-9 where the data do: no value there (-> no model output)
     d = compute_metrics(real, _bundles([(1, 1.0, 2.0)] * 7))
     assert math.isnan(d["muon_log10_radius_n2-9"]) and d["muon_log10_radius_n1"] == 0.0
+
+
+def test_a_metric_rests_on_the_reference_bundles_not_on_its_muons():
+    # 3 single muons, 2 bundles of 5, one of 150, and 4 empty events: 10 events, 6 bundles
+    ref = _bundles([(1, 1.0, 2.0)] * 3 + [(5, 10.0, 2.0)] * 2 + [(150, 4.0, 1.0)] + [(0, 0, 0)] * 4)
+    assert support(ref, "multiplicity") == 10
+    assert support(ref, "muon_log10_energy") == support(ref, "frechet_event") == 6
+    assert support(ref, "muon_log10_radius_n1") == 3
+    assert support(ref, "muon_log10_energy_n2-9") == 2
+    assert support(ref, "muon_log10_radius_n100+") == 1
+    assert support(ref, "muon_log10_radius_n10-99") == 0
+    # a big other sample does not make up for a thin reference: the 162 muons of 6 bundles
+    # are not measured at min_support 7, the 10 events' multiplicity is
+    other = _bundles([(5, 10.0, 2.0)] * 200)
+    d = compute_metrics(ref, other, min_support=7)
+    assert math.isnan(d["muon_log10_energy"]) and math.isnan(d["event_mean_radius"])
+    assert math.isnan(d["muon_log10_radius_by_energy"]) and math.isnan(d["frechet_event"])
+    assert d["multiplicity"] > 0
+    # at min_support 6 the pooled metrics are measured, the 2-9 bundles (2 of them) are not
+    d = compute_metrics(ref, other, min_support=6)
+    assert d["muon_log10_energy"] > 0 and d["muon_log10_energy_n2-9"] is not None
+    assert math.isnan(d["muon_log10_energy_n2-9"]) and math.isnan(d["muon_log10_radius_n1"])
+    # and min_support 0 (the default) measures whatever has data on both sides
+    assert compute_metrics(ref, other)["muon_log10_energy_n2-9"] == pytest.approx(0.0)
 
 
 def test_energy_radius_correlation_sees_what_the_marginals_miss():
