@@ -26,7 +26,9 @@ Radii enter these in log10: a W1 in metres is ruled by the few far-out muons of 
 showers, and its floor changes by half from one held-out set to the next. A
 bin a sample has no muons in gives NaN, like any metric without data on one side.
 
-A metric without data on one side (no muons, no events) is NaN. The per-muon W1 distances
+A metric without data on one side (no muons, no events) is NaN, and so is one whose
+reference rests on fewer than ``min_support`` events (:func:`support`: events with muons,
+or bundles of its multiplicity bin; the evaluation's --min-bin-events). The per-muon W1 distances
 are exact by default; with a :class:`MuonGrid` (fine bins of the pooled muons, 65536 per
 observable) they come from bin counts instead of sorts, within a fraction of a percent of
 the exact value and tens of times faster on the many subsets the floors and bins need.
