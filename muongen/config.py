@@ -150,11 +150,11 @@ class ModelConfig:
     synthetic muons) are a few standard deviations apart (in x and y the inner 16% lie
     within 0.2 standard deviations of the axis), and each muon's azimuth is uniform and
     independent of the others', as in a shower whose muons come from independent meson
-    decays (a correlation of the azimuths within a bundle cannot be learnt). The critic and the
-    data are unchanged (xy). The quality preset turns it on: worst ratio to the floor
-    1.47-1.96 against 1.54-3.23 with ``xy`` (the rich-only preset of 2026-11-25, 4 seeds x 2
-    rich held-out sets; README,
-    "The polar head"); ``xy`` by default so that older checkpoints keep their shape."""
+    decays (a correlation of the azimuths within a bundle cannot be learnt). The critic and
+    the data are unchanged (xy). The quality preset turns it on: worst ratio to the floor
+    1.47-1.96 against 1.54-3.23 with ``xy`` (the rich-only preset of 2026-11-25, 4 seeds x
+    2 rich held-out sets; README, "The polar head"); ``xy`` by default so that older
+    checkpoints keep their shape."""
 
 
 @dataclass
