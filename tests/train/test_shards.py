@@ -10,7 +10,8 @@ import torch
 
 import muongen.model.generator as generator_module
 import muongen.train.step as step_module
-from muongen.config import OptimConfig, TrainConfig
+from muongen.config import OptimConfig, TrainConfig, load_config
+from muongen.data.batch import RaggedBatch
 from muongen.model.penalty import gradient_penalty
 from muongen.train.step import GanStep, resolve_shards, shard_bounds
 
@@ -190,3 +191,28 @@ def test_a_batch_too_small_to_cut_runs_as_one_shard_as_without_shards():
     finally:
         torch.set_num_threads(before)
     assert seen and all(s == (threading.get_ident(), False, 2) for s in seen)
+
+
+def test_the_quality_preset_cuts_its_batches_and_leaves_sparse_ones_whole():
+    """The quality preset trains in 2 shards of 1 thread each; a batch of its typical work
+    (~5000 units: its batches' median is ~6000) is cut in two, and a production-mix batch
+    (~0.3 muons per event: ~2000 units) is left whole, as the shared bench measures it."""
+    cfg = load_config("quality", [])
+    assert (cfg.train.cpu_threads, cfg.train.step_shards) == (2, 2)
+    gen, critic = small_models()
+    before = torch.get_num_threads()
+    torch.set_num_threads(cfg.train.cpu_threads)
+    try:
+        step = GanStep(gen, critic, cfg.optim, TrainConfig(step_shards=2), "cpu")
+        assert (step.shards, step.threads_per_shard) == (2, 1)
+    finally:
+        torch.set_num_threads(before)
+    rng = torch.Generator().manual_seed(0)
+    busy = toy_batch(1024, rng)
+    assert int(busy.counts.sum() + (busy.counts > 0).sum()) >= 2 * step_module.SHARD_MIN_COST
+    assert len(step._shard_work([busy])) == 2
+    many = toy_batch(4096, rng)
+    counts = (many.counts == 7).to(torch.int64)  # ~0.3 muons per event
+    sparse = RaggedBatch(many.conditions, many.muons[: int(counts.sum())], counts)
+    assert int(sparse.counts.sum() + (sparse.counts > 0).sum()) < 2 * step_module.SHARD_MIN_COST
+    assert len(step._shard_work([sparse])) == 1
