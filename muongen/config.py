@@ -232,8 +232,9 @@ class TrainConfig:
     """Threads of torch's CPU operations when training on the CPU (0: torch's default,
     one per core). The step's operations are small and the data pipeline runs in the same
     process: on a 2-core machine one shard on 2 threads trained the quality preset no
-    faster than on 1 thread (2026-11-26); 2 shards of 1 thread each (``step_shards``) did,
-    by 13-16%, so the quality preset sets 2 and 2 (the demo: 1)."""
+    faster than on 1 thread (2026-11-26); 2 shards of 1 thread each (``step_shards``) took
+    13-16% less time a step, but are not the preset's setting (README, "Shards on the
+    CPU"); the demo and quality presets use 1."""
     cpu_keep_memory: bool = True
     """On the CPU, ask glibc's malloc to keep freed memory in the process instead of
     handing it back to the kernel after every step (:mod:`muongen.train.memory`: ~8000

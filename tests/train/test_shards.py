@@ -10,7 +10,7 @@ import torch
 
 import muongen.model.generator as generator_module
 import muongen.train.step as step_module
-from muongen.config import OptimConfig, TrainConfig, load_config
+from muongen.config import OptimConfig, TrainConfig
 from muongen.data.batch import RaggedBatch
 from muongen.model.penalty import gradient_penalty
 from muongen.train.step import GanStep, resolve_shards, shard_bounds
@@ -193,17 +193,15 @@ def test_a_batch_too_small_to_cut_runs_as_one_shard_as_without_shards():
     assert seen and all(s == (threading.get_ident(), False, 2) for s in seen)
 
 
-def test_the_quality_preset_cuts_its_batches_and_leaves_sparse_ones_whole():
-    """The quality preset trains in 2 shards of 1 thread each; a batch of its typical work
-    (~5000 units: its batches' median is ~6000) is cut in two, and a production-mix batch
+def test_a_quality_sized_batch_is_cut_and_a_sparse_one_left_whole():
+    """From 2048 units of work per shard a batch is cut: one of the quality preset's typical
+    work (~5000 units; its batches' median is ~6000) in two, while a production-mix batch
     (~0.3 muons per event: ~2000 units) is left whole, as the shared bench measures it."""
-    cfg = load_config("quality", [])
-    assert (cfg.train.cpu_threads, cfg.train.step_shards) == (2, 2)
     gen, critic = small_models()
     before = torch.get_num_threads()
-    torch.set_num_threads(cfg.train.cpu_threads)
+    torch.set_num_threads(2)
     try:
-        step = GanStep(gen, critic, cfg.optim, TrainConfig(step_shards=2), "cpu")
+        step = GanStep(gen, critic, OptimConfig(), TrainConfig(step_shards=2), "cpu")
         assert (step.shards, step.threads_per_shard) == (2, 1)
     finally:
         torch.set_num_threads(before)
