@@ -184,9 +184,9 @@ class _Scored:
 #: the least work (muons plus events with muons) worth a shard of its own: below it the
 #: Python side of a shard's ~3300-3700 operations costs more than the thread saves. In
 #: in-process A/B on 2 cores (2026-11-26), against one shard on 2 threads: 1.13x slower
-#: at ~1000 and ~1900 per shard, even at ~2900, 0.85-0.97x above; the quality preset's
-#: batches (median 6064, 5th percentile 3811) trained 13-16% faster cut at 2048 than on
-#: one thread (README, "Shards on the CPU")
+#: at ~1000 and ~1900 per shard, even at ~2900, 0.87-0.99x above; the quality preset's
+#: batches (median 6064, 5th percentile 3811) took 13-16% less time a step cut at 2048
+#: than on one thread (README, "Shards on the CPU")
 SHARD_MIN_COST = 2048
 
 #: one shard's share of a step: its scored events and their weights (shares of the batch)
