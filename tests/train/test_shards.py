@@ -205,12 +205,16 @@ def test_a_quality_sized_batch_is_cut_and_a_sparse_one_left_whole():
         assert (step.shards, step.threads_per_shard) == (2, 1)
     finally:
         torch.set_num_threads(before)
+
+    def work(batch: RaggedBatch) -> int:  # shard_bounds' units: muons + events with muons
+        return int(batch.counts.sum() + (batch.counts > 0).sum())
+
     rng = torch.Generator().manual_seed(0)
     busy = toy_batch(1024, rng)
-    assert int(busy.counts.sum() + (busy.counts > 0).sum()) >= 2 * step_module.SHARD_MIN_COST
+    assert work(busy) >= 2 * step_module.SHARD_MIN_COST
     assert len(step._shard_work([busy])) == 2
     many = toy_batch(4096, rng)
     counts = (many.counts == 7).to(torch.int64)  # ~0.3 muons per event
     sparse = RaggedBatch(many.conditions, many.muons[: int(counts.sum())], counts)
-    assert int(sparse.counts.sum() + (sparse.counts > 0).sum()) < 2 * step_module.SHARD_MIN_COST
+    assert work(sparse) < 2 * step_module.SHARD_MIN_COST
     assert len(step._shard_work([sparse])) == 1
