@@ -22,7 +22,11 @@ that are the maximum of no channel (zero gradient) towards 1. Both use
 sqrt(||g||^2 + 1e-12) so a zero gradient has a finite derivative.
 
 Controls: ``max_pairs`` (a uniform random subset of the valid pairs, 0: all),
-``fraction`` (each event takes part with this probability). All of it is index arithmetic
+``fraction`` (each event takes part with this probability). A batch scored in parts (the
+step's CPU shards) draws its pairs once for all its events (:func:`draw_pairs`) and hands
+each part its own (``slots``) with the whole batch's count (``denominator``,
+:func:`pair_count`): the parts' penalties then sum to the whole batch's, for the same
+draws. All of it is index arithmetic
 on the device (repeat_interleave, cumsum, topk, index_add); the tensor shapes depend only
 on the number of real muons and on max_pairs, which the host knows, so nothing is read
 back from an accelerator (on the CPU the number of events with pairs is read: free).
@@ -62,6 +66,8 @@ def gradient_penalty(
     alpha: torch.Tensor | None = None,
     permute: bool = False,
     generator: torch.Generator | None = None,
+    slots: torch.Tensor | None = None,
+    denominator: int | None = None,
 ) -> torch.Tensor:
     """The (unweighted) gradient penalty of ``critic`` between real and fake events.
 
@@ -77,6 +83,10 @@ def gradient_penalty(
         alpha: (B,) interpolation weights; drawn U(0, 1) when None (tests pass them).
         permute: shuffle the real muons within each event before pairing.
         generator: the RNG of the random draws (else the global one).
+        slots: the real muons (ascending) whose pairs enter, drawn by the caller
+            (:func:`draw_pairs`); ``max_pairs`` and ``fraction`` are then not applied.
+        denominator: divide the sum of the pairs' (``"muon"``) or events' (``"event"``)
+            terms by this instead of their number here (a part of a batch: the batch's).
 
     Returns:
         0-d float32 tensor, differentiable with respect to the critic's parameters;
@@ -84,14 +94,11 @@ def gradient_penalty(
     """
     b, n = cond.shape[0], real_muons.shape[0]
     device = cond.device
-    if b == 0 or n == 0 or fake_muons.shape[0] == 0:
+    if b == 0 or n == 0 or fake_muons.shape[0] == 0 or (slots is not None and not len(slots)):
         return torch.zeros((), device=device)
-    events = torch.arange(b, device=device)
-    ev = torch.repeat_interleave(events, real_counts, output_size=n)  # (N,) event of slot
-    start_real = torch.cumsum(real_counts, 0) - real_counts  # (B,)
+    ev, rank = _slot_ranks(real_counts, n)  # (N,) each slot's event and rank within it
     start_fake = torch.cumsum(fake_counts, 0) - fake_counts  # (B,)
     slot = torch.arange(n, device=device)
-    rank = slot - start_real[ev]  # (N,) rank of the slot within its event
     if permute:
         # a random order within each event: sort by (event, uniform); float64 keeps the
         # event part exact next to the random part for up to 2^29 events
@@ -99,18 +106,19 @@ def gradient_penalty(
         real_row = torch.argsort(key)  # real row at each slot
     else:
         real_row = slot
-    k = torch.minimum(real_counts, fake_counts)  # (B,)
-    valid = rank < k[ev]  # (N,) slot holds a pair
-    if fraction < 1.0:
-        valid &= (torch.rand(b, device=device, generator=generator) < fraction)[ev]
-
-    if 0 < max_pairs < n:
-        # a uniform subset of the valid slots, of fixed size: the smallest random keys,
-        # invalid slots keyed last (drawn only when fewer than max_pairs are valid)
-        key = torch.where(valid, torch.rand(n, device=device, generator=generator), 2.0)
-        cand = torch.topk(key, max_pairs, largest=False, sorted=False).indices
+    valid = rank < torch.minimum(real_counts, fake_counts)[ev]  # (N,) slot holds a pair
+    if slots is not None:  # drawn ahead by the caller (draw_pairs)
+        cand = slots
     else:
-        cand = slot
+        if fraction < 1.0:
+            valid &= (torch.rand(b, device=device, generator=generator) < fraction)[ev]
+        if 0 < max_pairs < n:
+            # a uniform subset of the valid slots, of fixed size: the smallest random keys,
+            # invalid slots keyed last (drawn only when fewer than max_pairs are valid)
+            key = torch.where(valid, torch.rand(n, device=device, generator=generator), 2.0)
+            cand = torch.topk(key, max_pairs, largest=False, sorted=False).indices
+        else:
+            cand = slot
     v = valid[cand]  # (M,)
     # the critic wants rows grouped by event: sort them by event, the dummy event b last
     e, order = torch.sort(torch.where(v, ev[cand], b), stable=True)  # (M,)
@@ -143,13 +151,63 @@ def gradient_penalty(
     vf = v.float()
     if norm == "muon":
         per_muon = (torch.sqrt(sq + _EPS) - 1.0).pow(2)
-        return (per_muon * vf).sum() / vf.sum().clamp(min=1.0)
+        return (per_muon * vf).sum() / _denominator(vf, denominator)
     if norm != "event":
         raise ValueError(f"unknown gradient-penalty norm {norm!r}; use 'muon' or 'event'")
     sq_event = torch.zeros(b + 1, device=device).index_add_(0, e, sq * vf)[:b]  # (B,)
     has = (counts_x[:b] > 0).float()
     per_event = (torch.sqrt(sq_event + _EPS) - 1.0).pow(2)
-    return (per_event * has).sum() / has.sum().clamp(min=1.0)
+    return (per_event * has).sum() / _denominator(has, denominator)
+
+
+def _denominator(terms: torch.Tensor, given: int | None) -> torch.Tensor | float:
+    """The number of (0/1) ``terms`` that count, at least 1, unless one is ``given``."""
+    return terms.sum().clamp(min=1.0) if given is None else float(max(given, 1))
+
+
+def _slot_ranks(counts: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N,) the event of each of the ``n`` muon slots of events with ``counts``, and the
+    slot's rank within its event."""
+    events = torch.arange(counts.shape[0], device=counts.device)
+    ev = torch.repeat_interleave(events, counts, output_size=n)
+    start = torch.cumsum(counts, 0) - counts  # (B,)
+    return ev, torch.arange(n, device=counts.device) - start[ev]
+
+
+def draw_pairs(
+    real_counts: torch.Tensor,
+    fake_counts: torch.Tensor,
+    *,
+    max_pairs: int = 0,
+    fraction: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """The pairs :func:`gradient_penalty` would draw for these events, drawn ahead: the
+    real muon slots (ascending, so grouped by event) of a uniform random subset of at most
+    ``max_pairs`` of the valid pairs (0: all), of the events each taking part with
+    probability ``fraction``. For a batch whose parts are scored apart (``slots``)."""
+    n = int(real_counts.sum())
+    ev, rank = _slot_ranks(real_counts, n)
+    valid = rank < torch.minimum(real_counts, fake_counts)[ev]
+    if fraction < 1.0:
+        b = real_counts.shape[0]
+        valid &= (torch.rand(b, device=valid.device, generator=generator) < fraction)[ev]
+    slots = valid.nonzero().squeeze(1)
+    if 0 < max_pairs < len(slots):
+        key = torch.rand(len(slots), device=slots.device, generator=generator)
+        keep = torch.topk(key, max_pairs, largest=False, sorted=False).indices
+        slots = slots[keep.sort().values]
+    return slots
+
+
+def pair_count(slots: torch.Tensor, counts: torch.Tensor, norm: Norm) -> int:
+    """How many terms the penalty over these drawn ``slots`` (:func:`draw_pairs`) of events
+    with ``counts`` averages: its pairs (``"muon"``) or its events with a pair
+    (``"event"``); the ``denominator`` of each part's penalty. Reads the count on the host."""
+    if norm == "muon" or not len(slots):
+        return len(slots)
+    ev, _ = _slot_ranks(counts, int(counts.sum()))
+    return int(torch.unique_consecutive(ev[slots]).numel())
 
 
 def reference_gradient_penalty(

@@ -26,11 +26,15 @@ operations this small, so on the CPU each microbatch is cut into runs of consecu
 events (:func:`shard_bounds`) whose terms run at once, one thread each (a process-wide
 pool; torch's operations release the GIL). Each shard collects its gradients apart
 (:class:`_ShardGrads`, ``torch.autograd.grad``) and they are summed in shard order before
-one clip and one optimizer step, so the update is what the shards given as microbatches
-would make; each shard draws from its own ``torch.Generator``, seeded once per step from
-the global RNG. A shard's losses are means over its events weighted by its share of the
-batch, as for microbatches (``optim.event_weight`` is normalised per shard). A batch
-too small to cut runs as one shard, exactly as without shards.
+one clip and one optimizer step. Each shard draws its noise from its own
+``torch.Generator``, seeded once per step from the global RNG. Every normaliser is the
+whole microbatch's, so the shards' terms sum to the uncut microbatch's: the losses are
+sums over a shard's events / the microbatch's B, ``optim.event_weight`` is normalised
+over the microbatch, and the penalty's pairs are drawn once for the whole microbatch (in
+this thread, :meth:`GanStep._draw_pairs`) and handed out to the shards with the
+microbatch's count of terms (:func:`muongen.model.penalty.draw_pairs`). Sharding is
+then parallelism only: for the same draws a sharded step equals the unsharded one. A
+batch too small to cut runs as one shard, exactly as without shards.
 
 Learning rates follow a pure function of the generator step (warm-up, then constant or
 cosine); both schedulers advance once per call, applied or skipped. On resume only the
@@ -58,7 +62,7 @@ from muongen.data.batch import RaggedBatch
 from muongen.errors import ConfigError
 from muongen.model.generator import events_with_muons
 from muongen.model.losses import critic_loss, generator_loss, w_gap
-from muongen.model.penalty import gradient_penalty
+from muongen.model.penalty import draw_pairs, gradient_penalty, pair_count
 from muongen.model.pooling import event_index_of
 from muongen.train import checkpoint as ckpt
 from muongen.train.memory import keep_freed_memory
@@ -144,10 +148,15 @@ class _Scored:
     inputs: torch.Tensor | None = None
     gp_pairs: int = 0  # the penalty's pair cap for these events (0: all)
     padded: bool = False  # the last scored rows may be padding events (see above)
+    # a shard's part of a microbatch cut into shards (None: a whole microbatch)
+    cut: _Cut | None = None
     event_index: torch.Tensor = field(init=False)  # (N,) the event of each real muon
     # the critic updates' fake sets of this step, made up front (GanStep._fakes_ahead):
     # per update the fakes mapped by Critic.inputs (N', F') and their counts (B',)
     fakes: list[tuple[torch.Tensor, torch.Tensor]] = field(init=False, default_factory=list)
+    # a part's penalty pairs per critic update with the penalty, drawn for its whole
+    # microbatch (GanStep._draw_pairs): k -> (its slots, the microbatch's count of terms)
+    pairs: dict[int, tuple[torch.Tensor, int]] = field(init=False, default_factory=dict)
     _both: tuple[torch.Tensor, ...] | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -179,6 +188,15 @@ class _Scored:
         """A scored set's counts as the penalty pairs them: 0 for the rows that do not
         count (a padded microbatch's extra event must draw no pair)."""
         return torch.where(self.valid, counts, 0) if self.padded else counts
+
+
+@dataclass(eq=False)
+class _Cut:
+    """A microbatch cut into shards: its parts in event order (one per shard that got
+    events) and its share of the batch's events, which weighs its penalty."""
+
+    parts: list[_Scored]
+    share: float
 
 
 #: the least work (muons plus events with muons) worth a shard of its own: below it the
@@ -449,6 +467,7 @@ class GanStep:
         c_losses, gaps, gps, bads = [], [], [], []
         with self._phase("critic"):
             self._map(work, self._fakes_ahead)
+            self._draw_pairs(work, gp_pattern)
         for k, use_gp in enumerate(gp_pattern):
             with self._phase("critic"):
                 c_loss, gap, gp, bad = self._critic_update(work, use_gp, k)
@@ -526,7 +545,13 @@ class GanStep:
                 d_fake = mb.mask(d_fake).float()
                 backward(d_fake.sum() * per_event)  # + mean D(fake)
             gp = torch.zeros((), device=self.device)
+            gp_w = w  # the penalty's weight: its microbatch's share of the batch
             if use_gp:
+                draw = {"max_pairs": mb.gp_pairs, "fraction": ocfg.gp_fraction}
+                if mb.cut is not None:  # a part: pairs and count drawn for its microbatch
+                    slots, denominator = mb.pairs[k]
+                    draw = {"slots": slots, "denominator": denominator}
+                    gp_w = mb.cut.share
                 # fp16 has too little range for the double backward: GP in fp32 then.
                 # The penalty acts in the critic's input space (Critic.inputs: standardised
                 # muons): a unit gradient norm per standardised feature, not per x / 500 m.
@@ -538,16 +563,16 @@ class GanStep:
                         mb.counts,
                         fake,
                         mb.pair_counts(fake_counts),
-                        max_pairs=mb.gp_pairs,
-                        fraction=ocfg.gp_fraction,
                         norm=ocfg.gp_norm,
+                        **draw,
                         **self._rng_kw(rng),
                     )
-                backward(gp * (lam * w))
-            loss = critic_loss(d_real.detach(), d_fake.detach(), gp.detach(), lam, mb.n_events)
-            loss_sum = loss_sum + loss * w
+                backward(gp * (lam * gp_w))
+            gp = gp.detach() * gp_w
+            loss = critic_loss(d_real.detach(), d_fake.detach(), gp, 0.0, mb.n_events) * w
+            loss_sum = loss_sum + loss + lam * gp
             gap_sum = gap_sum + w_gap(d_real, d_fake, n_events=mb.n_events) * w
-            gp_sum = gp_sum + gp.detach() * w
+            gp_sum = gp_sum + gp
         return loss_sum, gap_sum, gp_sum
 
     def _generator_update(
@@ -597,10 +622,12 @@ class GanStep:
         graph: :mod:`muongen.train.graphs`): the microbatches as given. Several: every
         microbatch is cut into that many runs of consecutive events of about equal cost
         (:func:`shard_bounds`; fewer when a shard would get less than ``SHARD_MIN_COST``),
-        and the penalty's pair cap is shared out by muons, so the step still pairs at most
-        ``gp_max_pairs`` per microbatch. Trailing shards left without work are dropped:
-        a batch too small to cut runs as one shard, exactly as without shards (this
-        thread, torch's threads, the global RNG).
+        each part knowing its microbatch (:class:`_Cut`: the penalty's pairs are drawn
+        for the whole microbatch, :meth:`_draw_pairs`) and weighing its events by the
+        microbatch's ``optim.event_weight`` normaliser; a microbatch too small to cut
+        stays whole in the first shard. Trailing shards left without work are dropped: a
+        batch too small to cut runs as one shard, exactly as without shards (this thread,
+        torch's threads, the global RNG).
         """
         total = sum(m.n_events - padded for m in micro)
         cap = self.optim_cfg.gp_max_pairs
@@ -609,11 +636,17 @@ class GanStep:
         work: list[_Work] = [[] for _ in range(self.shards)]
         for m in micro:
             bounds = shard_bounds(m.counts, self.shards, min_cost=SHARD_MIN_COST)
+            if bounds[1] == m.n_events:  # too little work to cut: whole, in the first shard
+                work[0].append((self._scored(m, cap), m.n_events / total))
+                continue
+            cut = _Cut([], m.n_events / total)
+            scale = self._weight_scale(m.counts) if self.optim_cfg.event_weight != "none" else 0
             for j, (a, b) in enumerate(itertools.pairwise(bounds)):
                 if b > a:
-                    part = m.slice(a, b)
-                    pairs = math.ceil(cap * part.n_muons / max(m.n_muons, 1)) if cap else 0
-                    work[j].append((self._scored(part, pairs), part.n_events / total))
+                    part = self._scored(m.slice(a, b), 0, weight_scale=scale)
+                    part.cut = cut
+                    cut.parts.append(part)
+                    work[j].append((part, (b - a) / total))
         while len(work) > 1 and not work[-1]:
             work.pop()
         return work
@@ -665,9 +698,49 @@ class GanStep:
 
     # ------------------------------------------------------------------ helpers
 
-    def _scored(self, mb: RaggedBatch, gp_pairs: int, padded: int = 0) -> _Scored:
+    def _draw_pairs(self, work: list[_Work], gp_pattern: tuple[bool, ...]) -> None:
+        """The penalty's pairs of every microbatch cut into shards, for each critic update
+        with the penalty: drawn here (the global RNG) for all the microbatch's events at
+        once, with the real counts and the update's fake counts (made ahead), and handed
+        out to its parts (``_Scored.pairs``: each part's slots, renumbered from its first
+        muon) with the microbatch's count of terms. So the microbatch pairs at most
+        ``optim.gp_max_pairs`` and its parts' penalties sum to its own."""
+        if len(work) == 1:
+            return
+        ocfg = self.optim_cfg
+        cuts = {id(mb.cut): mb.cut for shard in work for mb, _ in shard if mb.cut is not None}
+        for cut in cuts.values():
+            real = torch.cat([p.counts for p in cut.parts])
+            first = np.cumsum([0] + [p.n_muons for p in cut.parts]).tolist()
+            for k in (k for k, use_gp in enumerate(gp_pattern) if use_gp):
+                fake = torch.cat([p.fakes[k][1] for p in cut.parts])
+                slots = draw_pairs(
+                    real, fake, max_pairs=ocfg.gp_max_pairs, fraction=ocfg.gp_fraction
+                )
+                denominator = pair_count(slots, real, ocfg.gp_norm)
+                ends = torch.searchsorted(slots, torch.tensor(first)).tolist()
+                for i, part in enumerate(cut.parts):
+                    part.pairs[k] = (slots[ends[i] : ends[i + 1]] - first[i], denominator)
+
+    @staticmethod
+    def _event_weight_terms(counts: torch.Tensor, kind: str) -> torch.Tensor:
+        """(B,) each event's unnormalised ``optim.event_weight``: log(1 + N) or sqrt(N)."""
+        n_mu = counts.to(torch.float32)
+        return torch.log1p(n_mu) if kind == "log" else n_mu.sqrt()
+
+    def _weight_scale(self, counts: torch.Tensor) -> float:
+        """B / the sum of the events' weight terms: scales them to mean 1 over the events
+        with these ``counts`` (the unscored empty ones weigh 0)."""
+        f = self._event_weight_terms(counts, self.optim_cfg.event_weight)
+        return counts.shape[0] / max(float(f.sum()), 1e-12)
+
+    def _scored(
+        self, mb: RaggedBatch, gp_pairs: int, padded: int = 0, weight_scale: float = 0.0
+    ) -> _Scored:
         """The events of ``mb`` the critic scores (see :class:`_Scored`); its last
-        ``padded`` events hold padding muons (:mod:`muongen.train.graphs`) and do not count."""
+        ``padded`` events hold padding muons (:mod:`muongen.train.graphs`) and do not count.
+        ``weight_scale``: the scale of the events' ``optim.event_weight`` terms (0: scaled
+        to mean 1 over ``mb``'s events; a shard's part takes its microbatch's)."""
         b, n = mb.n_events - padded, mb.n_muons
         all_cond, all_counts = mb.conditions[:b], mb.counts[:b]
         with torch.no_grad():
@@ -688,9 +761,8 @@ class GanStep:
         weight = None
         if self.optim_cfg.event_weight != "none":
             # log(1 + N) or sqrt(N), mean 1 over all B events (the unscored empty ones weigh 0)
-            n_mu = torch.where(valid, counts, 0).to(torch.float32)
-            f = torch.log1p(n_mu) if self.optim_cfg.event_weight == "log" else n_mu.sqrt()
-            weight = f * (b / f.sum().clamp(min=1e-12))
+            f = self._event_weight_terms(torch.where(valid, counts, 0), self.optim_cfg.event_weight)
+            weight = f * (weight_scale or b / f.sum().clamp(min=1e-12))
         return _Scored(
             all_cond, all_counts, cond, mb.muons, counts, b, valid, weight, inputs, gp_pairs,
             padded > 0,

@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from muongen.model import build_models
-from muongen.model.penalty import gradient_penalty, reference_gradient_penalty
+from muongen.model.penalty import (
+    draw_pairs,
+    gradient_penalty,
+    pair_count,
+    reference_gradient_penalty,
+)
 
 from .conftest import random_counts, small_model_config
 
@@ -199,3 +204,59 @@ def test_no_pairs_gives_zero():
     empty_batch = torch.zeros(0, 4)
     e = torch.zeros(0, dtype=torch.int64)
     assert gradient_penalty(critic, empty_batch, none, e, none, e).item() == 0.0
+
+
+@pytest.mark.parametrize("max_pairs", [0, 1, 9, 1000])
+def test_pairs_drawn_ahead_are_a_uniform_subset_of_the_valid_ones(max_pairs):
+    _, _, rc, _, fc, _ = _pair_batch(5)
+    ev = torch.repeat_interleave(torch.arange(len(rc)), rc)
+    rank = torch.arange(len(ev)) - (torch.cumsum(rc, 0) - rc)[ev]
+    valid = (rank < torch.minimum(rc, fc)[ev]).nonzero().squeeze(1)
+    seen = torch.zeros(len(ev))
+    for i in range(300):
+        slots = draw_pairs(rc, fc, max_pairs=max_pairs, generator=torch.Generator().manual_seed(i))
+        assert len(slots) == (min(max_pairs, len(valid)) if max_pairs else len(valid))
+        assert (slots.diff() > 0).all() and torch.isin(slots, valid).all()
+        seen[slots] += 1
+    if max_pairs == 9:  # each valid pair drawn with probability 9 / valid: none left out
+        assert (seen[valid] > 0).all() and seen.sum() == 300 * 9
+
+
+@pytest.mark.parametrize("norm", ["muon", "event"])
+def test_parts_of_a_batch_sum_to_its_penalty_with_the_pairs_drawn_ahead(norm):
+    """Cut into runs of events, each scored with its own slots and the whole batch's count,
+    the parts' penalties (and their gradients) sum to the whole batch's for the same draw;
+    without a drawn set, the penalty with all pairs and slots of all pairs agree."""
+    torch.manual_seed(0)
+    _, critic = build_models(small_model_config(critic="epic", critic_global_width=24))
+    cond, real, rc, fake, fc, alpha = _pair_batch(6, b=40)
+    every = draw_pairs(rc, fc)
+    torch.testing.assert_close(
+        gradient_penalty(critic, cond, real, rc, fake, fc, norm=norm, alpha=alpha, slots=every),
+        gradient_penalty(critic, cond, real, rc, fake, fc, norm=norm, alpha=alpha),
+    )
+    slots = draw_pairs(rc, fc, max_pairs=25, generator=torch.Generator().manual_seed(1))
+    count = pair_count(slots, rc, norm)
+    ev = torch.repeat_interleave(torch.arange(len(rc)), rc)
+    assert count == (25 if norm == "muon" else len(torch.unique(ev[slots])))
+
+    def grads(gp):
+        return torch.autograd.grad(gp, list(critic.parameters()), allow_unused=True)
+
+    whole = gradient_penalty(critic, cond, real, rc, fake, fc, norm=norm, alpha=alpha, slots=slots)
+    parts, part_grads = [], []
+    for a, b in ((0, 13), (13, 29), (29, 40)):
+        r0, r1 = int(rc[:a].sum()), int(rc[:b].sum())
+        f0, f1 = int(fc[:a].sum()), int(fc[:b].sum())
+        mine = slots[(slots >= r0) & (slots < r1)] - r0
+        gp = gradient_penalty(
+            critic, cond[a:b], real[r0:r1], rc[a:b], fake[f0:f1], fc[a:b],
+            norm=norm, alpha=alpha[a:b], slots=mine, denominator=count,
+        )  # fmt: skip
+        parts.append(gp.detach())
+        if gp.requires_grad:
+            part_grads.append(grads(gp))
+    torch.testing.assert_close(sum(parts), whole.detach(), rtol=1e-5, atol=1e-6)
+    for w, *ps in zip(grads(whole), *part_grads):
+        got = sum(p for p in ps if p is not None)
+        torch.testing.assert_close(got, w, rtol=1e-4, atol=1e-6)

@@ -58,14 +58,19 @@ def test_resolve_shards():
     assert resolve_shards(2, torch.device("cuda"), compiled=False) == 1
 
 
-@pytest.mark.parametrize("gp_lambda", [0.0, 10.0])
-def test_two_shards_update_as_their_parts_given_as_microbatches(
-    small_shards, monkeypatch, gp_lambda
+@pytest.mark.parametrize(
+    "gp_lambda, gp_norm, event_weight",
+    [(0.0, "muon", "none"), (10.0, "muon", "none"), (10.0, "event", "log"), (0.0, "muon", "sqrt")],
+)
+def test_a_sharded_step_makes_the_unsharded_update(
+    small_shards, monkeypatch, gp_lambda, gp_norm, event_weight
 ):
     """Without noise (zero draws, no random azimuth, the multiplicity head's MSE, a fixed
-    interpolation weight, every pair) a sharded step and an unsharded step given the
-    shards' events as microbatches make the same update; with SGD at lr 1 the change of
-    each parameter is its gradient."""
+    interpolation weight, every pair) a sharded step and an unsharded step on the same
+    batch make the same update (with SGD at lr 1 the change of each parameter is its
+    gradient): every normaliser is the whole batch's. The shards' events given as
+    microbatches, each normalised over itself, make another update where the penalty or
+    the event weights are on."""
     monkeypatch.setattr(generator_module, "_noise", lambda shape, like, gen: like.new_zeros(shape))
     batch = toy_batch(48, torch.Generator().manual_seed(5))
     cut = shard_bounds(batch.counts, 2)
@@ -73,7 +78,8 @@ def test_two_shards_update_as_their_parts_given_as_microbatches(
     assert parts[0].n_events > 0 and parts[1].n_events > 0
     ocfg = OptimConfig(
         optimizer="sgd", momentum=0.0, lr_generator=1.0, lr_critic=1.0, n_critic=2,
-        gp_lambda=gp_lambda, gp_every=1, gp_max_pairs=0, grad_clip=0.0, warmup_steps=0,
+        gp_lambda=gp_lambda, gp_every=1, gp_max_pairs=0, gp_norm=gp_norm,
+        event_weight=event_weight, grad_clip=0.0, warmup_steps=0,
     )  # fmt: skip
 
     def run(shards, micro):
@@ -86,13 +92,16 @@ def test_two_shards_update_as_their_parts_given_as_microbatches(
         out = step(micro)
         return out, params(gen) + params(critic)
 
-    (o2, p2), (o1, p1) = run(2, [batch]), run(1, parts)
+    (o2, p2), (o1, p1) = run(2, [batch]), run(1, [batch])
     for a, b in zip(p2, p1):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     for k in ("c_loss", "g_loss", "m_loss", "gp", "w_gap"):
         torch.testing.assert_close(o2[k], o1[k], rtol=1e-4, atol=1e-5)
     if gp_lambda:
         assert o2["gp"] > 0
+    _, p_parts = run(1, parts)
+    apart = any(not torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(p_parts, p1))
+    assert apart == (gp_lambda > 0 or event_weight != "none")
 
 
 def test_the_shards_run_at_once_on_their_own_threads(small_shards):
@@ -137,20 +146,38 @@ def test_a_sharded_step_is_deterministic(small_shards):
     assert not all(torch.equal(x, y) for x, y in zip(a, params(gen) + params(critic)))
 
 
-def test_the_penalty_pair_cap_is_shared_out_among_the_shards(small_shards):
-    caps = []
+@pytest.mark.parametrize("norm", ["muon", "event"])
+def test_the_penalty_pairs_are_drawn_once_for_the_whole_batch(small_shards, norm):
+    """The step draws the pairs for the whole microbatch and hands each shard its own,
+    renumbered from the shard's first muon, with the microbatch's count of terms: the
+    microbatch pairs at most gp_max_pairs, and only its real muons."""
+    calls = []
 
-    def recording(*args, max_pairs=0, generator=None, **kwargs):
-        assert generator is not None  # each shard's own RNG
-        caps.append(max_pairs)
-        return gradient_penalty(*args, max_pairs=max_pairs, generator=generator, **kwargs)
+    def recording(critic, cond, real, real_counts, *args, slots=None, denominator=None, **kw):
+        assert kw["generator"] is not None  # the shard's own RNG (its alphas)
+        assert "max_pairs" not in kw  # drawn ahead, not in the shard
+        calls.append((real.clone(), real_counts.clone(), slots, denominator))
+        return gradient_penalty(
+            critic, cond, real, real_counts, *args, slots=slots, denominator=denominator, **kw
+        )
 
     gen, critic = small_models()
-    ocfg = OptimConfig(n_critic=1, gp_every=1, gp_max_pairs=40)
+    ocfg = OptimConfig(n_critic=1, gp_every=1, gp_max_pairs=40, gp_norm=norm)
     step = GanStep(gen, critic, ocfg, TrainConfig(step_shards=2), "cpu", penalty_fn=recording)
-    step([toy_batch(64, torch.Generator().manual_seed(3))])
-    assert len(caps) == 2 and all(c > 0 for c in caps)
-    assert 40 <= sum(caps) <= 41  # shares by muons, each rounded up
+    batch = toy_batch(64, torch.Generator().manual_seed(3))
+    step([batch])
+    assert len(calls) == 2 and all(len(slots) > 0 for _, _, slots, _ in calls)
+    assert sum(len(slots) for _, _, slots, _ in calls) == 40  # the microbatch's cap
+    (_, _, _, d0), (_, _, _, d1) = calls
+
+    def events_with_pairs(counts, slots):
+        return len(torch.unique(torch.repeat_interleave(torch.arange(len(counts)), counts)[slots]))
+
+    events = sum(events_with_pairs(counts, slots) for _, counts, slots, _ in calls)
+    assert d0 == d1 == (40 if norm == "muon" else events)
+    inputs = critic.inputs(batch.muons)
+    drawn = torch.cat([real[slots] for real, _, slots, _ in calls])
+    assert all((inputs == row).all(-1).any() for row in drawn)  # each one a real muon
 
 
 def test_an_error_in_another_shard_reaches_the_caller(small_shards):
