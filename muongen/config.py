@@ -305,7 +305,8 @@ class LoggingConfig:
     ma_window: int = 500
     """Steps in the moving average of w_gap."""
     hist_every: int = 500
-    """Histograms of real vs generated features every N steps (0: off)."""
+    """Histograms of real vs generated features every N steps (0: off); their noise comes
+    from a fork of the RNGs, so they leave the trained model as without them."""
     hist_max_muons: int = 100000
     """At most this many muons per histogram."""
     gpu_monitor: bool = True

@@ -168,11 +168,17 @@ class TrainingMonitor:
 
     @torch.no_grad()
     def histograms(self, step: int, real: RaggedBatch, generator) -> None:
-        """Real vs generated feature histograms on ``real`` (features on the device)."""
-        generator.eval()
-        fake_muons = generator.generate_with_counts(real.conditions, real.counts)
-        generator.train()
-        _, gen_counts, _ = generator(real.conditions)
+        """Real vs generated feature histograms on ``real`` (features on the device).
+
+        The noise is drawn from a fork of the RNGs (restored afterwards), so logging them
+        leaves the training's draws, and so the trained model, as without them."""
+        device = real.conditions.device
+        devices = [device.index or 0] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices, device_type=device.type):
+            generator.eval()
+            fake_muons = generator.generate_with_counts(real.conditions, real.counts)
+            generator.train()
+            _, gen_counts, _ = generator(real.conditions)
         names = (
             ["log10_energy", "x", "y"]
             if self.cfg.model.representation == "xy"

@@ -197,6 +197,14 @@ def test_tensorboard_has_the_scalars(tiny_config, tmp_path):
     assert "hist/real_vs_gen" in tags["images"]
 
 
+def test_histograms_leave_the_trained_model_as_without_them(tiny_config, tmp_path):
+    """Logging histograms generates bundles; their noise must not come out of the
+    training's RNG stream, or turning them on (or their period) changes the model."""
+    Trainer(tiny_config(train__max_steps=20), tmp_path / "off").train()
+    Trainer(tiny_config(train__max_steps=20, logging__hist_every=3), tmp_path / "on").train()
+    assert_same_weights(final_weights(tmp_path / "off"), final_weights(tmp_path / "on"))
+
+
 def test_run_folder_has_config_summary_and_reports(tiny_config, tmp_path):
     run = tmp_path / "r"
     Trainer(tiny_config(train__max_steps=10), run).train()
