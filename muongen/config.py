@@ -233,8 +233,8 @@ class TrainConfig:
     one per core). The step's operations are small and the data pipeline runs in the same
     process: on a 2-core machine one shard on 2 threads trained the quality preset no
     faster than on 1 thread (2026-11-26); 2 shards of 1 thread each (``step_shards``) took
-    13-16% less time a step, but are not the preset's setting (README, "Shards on the
-    CPU"); the demo and quality presets use 1."""
+    13-16% less time a step (README, "Shards on the CPU"). The demo uses 1; the quality
+    preset 2, in 2 shards."""
     cpu_keep_memory: bool = True
     """On the CPU, ask glibc's malloc to keep freed memory in the process instead of
     handing it back to the kernel after every step (:mod:`muongen.train.memory`: ~8000
@@ -244,9 +244,11 @@ class TrainConfig:
     """On the CPU, split each batch into this many shards of events whose forward and
     backward passes run at once, one thread each (torch's threads shared out among them),
     their gradients summed in shard order; each shard draws its noise from its own RNG,
-    seeded from the global one every step. The step's operations are too small for torch's
-    intra-op threads (a second thread made it ~8% faster on 2 cores, two shards 9-27% on
-    the shared bench's rich batch; README, "Shards on the CPU").
+    seeded from the global one every step. Every normaliser (events, event weights, the
+    penalty's pairs, drawn once per batch) is the whole batch's, so for the same draws a
+    sharded step makes the unsharded step's update. The step's operations are too small
+    for torch's intra-op threads (a second thread made it ~8% faster on 2 cores, two
+    shards 9-27% on the shared bench's rich batch; README, "Shards on the CPU").
     0: auto, 2 when torch has 2 or more threads on the CPU, else 1 (and 1 off the CPU,
     where the device runs ahead of Python, and with ``compile``)."""
     fake_counts: Literal["real", "predicted"] = "real"

@@ -1,5 +1,5 @@
 """The sharded CPU step (train.step_shards): shards at once on their own threads, the same
-update as the shards given as microbatches, deterministic, errors carried back."""
+update as the unsharded step, deterministic, errors carried back."""
 
 from __future__ import annotations
 
