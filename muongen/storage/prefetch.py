@@ -155,8 +155,13 @@ class Prefetcher:
                 with contextlib.suppress(ValueError):
                     self._queue.remove(url)
                 self._queue.appendleft(url)
-                entry.seq = min(e.seq for e in self._entries.values()) - 1
                 entry.wanted = True
+            if entry.state in (QUEUED, SIZING, WAITING):
+                # ... and it is first in reading order now, also when it is already being
+                # sized or waits to reserve its bytes: several readers (data.open_files)
+                # want files out of the scheduled order, and a file that waited behind an
+                # earlier one still being sized would otherwise be given up as "cache full"
+                entry.seq = min(e.seq for e in self._entries.values()) - 1
                 self._cond.notify_all()
             while not self._closed and (
                 entry.state in (QUEUED, SIZING, DOWNLOADING)

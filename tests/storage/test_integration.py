@@ -68,9 +68,9 @@ def test_event_stream_with_prefetch(pelican_federation, parquet_ranges, monkeypa
     with Prefetcher(str(cache), ahead=3, max_bytes=10**8, delete_after_use=True) as pf:
         stream = EventStream(urls, cfg, prefetcher=pf)
         events = sum(b.n_events for b in stream)
-        # every event first: a stats mismatch alone (seen once, 5 staged and 0 direct, in
-        # a clean-clone run beside two training runs on 2 cores) then says whether a file
-        # went unread or was read without the prefetcher's counting it
+        # every event first, then how: a file read directly (5 staged, 1 direct, now and
+        # then on a busy machine) was a file wanted out of order that waited behind an
+        # earlier one still being sized (test_prefetch: ..._behind_an_earlier_one_being_sized)
         assert events == 6 * 300, pf.stats
         assert pf.stats["staged"] == 6 and pf.stats["direct"] == 0, pf.stats
         assert [n for n in os.listdir(cache) if not n.startswith(".")] == []  # deleted after use

@@ -99,3 +99,24 @@ def test_local_path_waits_for_staging(pelican_federation, sim_tree, tmp_path):
         t.start()
         t.join(10)
     assert got and got[0] is not None
+
+
+def test_a_wanted_file_does_not_wait_behind_an_earlier_one_being_sized(
+    pelican_federation, sim_tree, tmp_path
+):
+    # Two readers (data.open_files) want files out of the scheduled order: the second
+    # reader's file is sized and waits to reserve its bytes behind the first reader's next
+    # file, whose sizing is slow. It used to be given up as "cache full" and read directly
+    # (the flake of test_integration's prefetch test); the cache has room, so it is staged.
+    fed = pelican_federation
+    token = Token.from_value(fed.token("storage.read:/icecube"), "t")
+    urls = [fed.url(p) for p in sim_tree[:2]]
+    fed.inject("slow", path=sim_tree[0], delay_s=1.5)  # the first file's sizing
+    with Prefetcher(str(tmp_path / "c"), ahead=2, workers=2, token=token) as pf:
+        pf.schedule(urls)
+        time.sleep(0.5)  # the second file is sized and waits behind the first
+        local = pf.local_path(urls[1])
+        assert local is not None, pf.stats
+        assert Path(local).read_bytes() == sample_bytes(sim_tree[1])
+        assert pf.local_path(urls[0]) is not None
+        assert pf.stats["staged"] == 2 and pf.stats["direct"] == 0, pf.stats
