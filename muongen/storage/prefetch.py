@@ -212,6 +212,14 @@ class Prefetcher:
             self._entries.clear()
         if self._own_dir:
             shutil.rmtree(self.cache_dir, ignore_errors=True)
+        st = self.stats
+        if st["staged"] or st["direct"] or st["failed"]:
+            log.info(
+                "prefetch: %d file(s) staged (%.1f MB), %d read directly (after a failed "
+                "download or with the cache full of files in use), %d download(s) failed, "
+                "%.1f s waited for staging",
+                st["staged"], st["bytes"] / 1e6, st["direct"], st["failed"], st["wait_s"],
+            )  # fmt: skip
 
     def __enter__(self) -> Prefetcher:
         return self

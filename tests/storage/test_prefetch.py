@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -62,7 +63,7 @@ def test_byte_cap_and_unscheduled(pelican_federation, sim_tree, tmp_path):
         assert pf.stats["failed"] == 1
 
 
-def test_retries_faults_then_falls_back(pelican_federation, sim_tree, tmp_path):
+def test_retries_faults_then_falls_back(pelican_federation, sim_tree, tmp_path, caplog):
     fed = pelican_federation
     token = Token.from_value(fed.token("storage.read:/icecube"), "t")
     urls = [fed.url(p) for p in sim_tree[:2]]
@@ -75,6 +76,11 @@ def test_retries_faults_then_falls_back(pelican_federation, sim_tree, tmp_path):
         assert ok is not None and Path(ok).read_bytes() == sample_bytes(sim_tree[0])
         assert pf.local_path(urls[1]) is None  # gave up: the reader reads the URL itself
         assert pf.stats["failed"] == 1
+        caplog.set_level(logging.INFO, logger="muongen.storage")
+    # closing says how it went, so a run's log shows files read past the cache
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("prefetch:")]
+    assert "1 file(s) staged" in line and "1 read directly" in line
+    assert "1 download(s) failed" in line
 
 
 def test_local_inputs_are_not_staged(tmp_path):
