@@ -25,7 +25,7 @@ from muongen import schema
 from muongen.config import ModelConfig
 from muongen.model.layers import leaky_relu, mlp, narrow_linear, split_linear
 from muongen.model.normaliser import Standardiser, muon_standardiser
-from muongen.model.pooling import event_index_of, segment_max, segment_mean
+from muongen.model.pooling import event_index_of, rows_of, segment_max, segment_mean
 
 
 class _SetCritic(nn.Module):
@@ -114,7 +114,7 @@ class Critic(_SetCritic):
         if event_index is None:
             event_index = event_index_of(counts, muons.shape[0])
         cond = self.cond_norm(cond)
-        x = torch.cat([muons, cond.index_select(0, event_index)], dim=-1)  # (N, F + 4)
+        x = torch.cat([muons, rows_of(cond, event_index)], dim=-1)  # (N, F + 4)
         if self.pooling == "amax":
             # the last activation is increasing, so it commutes with the maximum: applied
             # to the (B, H) maxima instead of the (N, H) rows, same value and gradient

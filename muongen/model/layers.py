@@ -7,6 +7,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from muongen.model.pooling import rows_of
+
 
 def mlp(
     n_in: int,
@@ -84,7 +86,7 @@ def split_linear(
     if event_index is None:
         rows = torch.repeat_interleave(event_part, counts, dim=0, output_size=per_muon.shape[0])
     else:
-        rows = event_part.index_select(0, event_index)  # (N, H)
+        rows = rows_of(event_part, event_index)  # (N, H), a fresh tensor
     return add_muon_part(rows, per_muon, muon_weight)
 
 

@@ -5,11 +5,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from muongen.model import build_models
+from muongen.model import build_models, pooling
 from muongen.model.critic import event_index_of
 from muongen.model.generator import events_with_muons
 from muongen.model.layers import narrow_linear, split_linear
-from muongen.model.pooling import _no_ties, segment_max, segment_mean, segment_sum
+from muongen.model.penalty import gradient_penalty
+from muongen.model.pooling import (
+    WIDE_INDEX_MAX,
+    _no_ties,
+    rows_of,
+    segment_max,
+    segment_mean,
+    segment_sum,
+    wide_index,
+)
 
 from .conftest import random_counts, small_model_config
 
@@ -170,3 +179,136 @@ def test_segment_max_with_a_nan_row_takes_the_tie_path_without_raising():
     assert top[0, 1].isnan()  # a non-finite score: the training step skips the update
     (grad,) = torch.autograd.grad(top.sum(), h)
     assert grad[:, 0].tolist() == [0.0, 1.0, 1.0]
+
+
+def _force_wide(monkeypatch):
+    """The CUDA path (gather / scatter_add through the (N, H) index) on the CPU too."""
+    monkeypatch.setattr(
+        pooling, "_use_wide", lambda h, width: 0 < width <= WIDE_INDEX_MAX, raising=True
+    )
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_the_wide_index_path_equals_the_row_index_path_to_second_order(ties, monkeypatch):
+    gen = torch.Generator().manual_seed(7)
+    counts = random_counts(30, gen, max_count=7)
+    n = int(counts.sum())
+    h = torch.randn(n, 5, generator=gen, dtype=torch.float64)
+    if ties:
+        h = torch.round(h) + 10.0
+    per_event = torch.randn(30, 5, generator=gen, dtype=torch.float64)
+    w_rows = torch.randn(n, 5, generator=gen, dtype=torch.float64)
+    w_events = torch.randn(30, 5, generator=gen, dtype=torch.float64)
+
+    def everything(h, per_event, index):
+        # each op's value, and a gradient of it taken with create_graph (the penalty's
+        # double backward goes through the backward of each)
+        out = (
+            (rows_of(per_event, index) ** 2 * h * w_rows).sum()
+            + (segment_sum(h * h, index, 30) * w_events).sum()
+            + (segment_mean(h, counts, index) * w_events).sum()
+            + (segment_max(h, counts, index) ** 2 * w_events).sum()
+        )
+        g_h, g_e = torch.autograd.grad(out, (h, per_event), create_graph=True)
+        second = torch.autograd.grad((g_h**2).sum() + (g_e**2).sum(), (h, per_event))
+        return out, g_h, g_e, *second
+
+    def run():
+        index = event_index_of(counts, n)  # a fresh index: no expansion cached from before
+        return everything(
+            h.clone().requires_grad_(True), per_event.clone().requires_grad_(True), index
+        )
+
+    narrow = run()
+    _force_wide(monkeypatch)
+    wide = run()
+    for a, b in zip(narrow, wide):
+        torch.testing.assert_close(a, b)
+    if not ties:
+        index = event_index_of(counts, n)
+        x = h.clone().requires_grad_(True)
+        assert torch.autograd.gradgradcheck(lambda x: segment_max(x, counts, index) ** 2, (x,))
+        e = per_event.clone().requires_grad_(True)
+        assert torch.autograd.gradgradcheck(
+            lambda e: segment_sum(rows_of(e, index) ** 2, index, 30), (e,)
+        )
+
+
+def test_the_wide_index_is_made_once_per_index_and_width(monkeypatch):
+    counts = torch.tensor([2, 0, 3])
+    index = event_index_of(counts, 5)
+    a = wide_index(index, 3)
+    assert a.is_contiguous() and a.shape == (5, 3)
+    assert a.tolist() == [[0, 0, 0], [0, 0, 0], [2, 2, 2], [2, 2, 2], [2, 2, 2]]
+    assert wide_index(index, 3) is a  # cached on the index tensor
+    assert wide_index(index, 2) is not a and wide_index(index, 2).shape == (5, 2)
+    assert wide_index(event_index_of(counts, 5), 3) is not a  # another index, its own
+    # on the CPU the row index path is taken, and nothing is cached on a fresh index
+    fresh = event_index_of(counts, 5)
+    segment_sum(torch.ones(5, 4), fresh, 3)
+    assert getattr(fresh, pooling._WIDE_CACHE, None) is None
+    # forced (as on CUDA): rows up to WIDE_INDEX_MAX wide use and cache it, wider do not
+    _force_wide(monkeypatch)
+    segment_sum(torch.ones(5, 4), fresh, 3)
+    rows_of(torch.ones(3, WIDE_INDEX_MAX + 1), fresh)
+    assert sorted(getattr(fresh, pooling._WIDE_CACHE)) == [4]
+
+
+@pytest.mark.parametrize("critic", ["epic", "pointnet"])
+def test_critic_and_penalty_gradients_are_the_same_on_the_wide_index_path(critic, monkeypatch):
+    torch.manual_seed(0)
+    _, model = build_models(small_model_config(critic=critic))
+    model.double()
+    gen = torch.Generator().manual_seed(3)
+    counts = random_counts(16, gen, max_count=6)
+    fake_counts = random_counts(16, gen, max_count=6)
+    cond = torch.randn(16, 4, generator=gen, dtype=torch.float64)
+    real = torch.randn(int(counts.sum()), 3, generator=gen, dtype=torch.float64)
+    fake = torch.randn(int(fake_counts.sum()), 3, generator=gen, dtype=torch.float64)
+    alpha = torch.rand(16, generator=gen, dtype=torch.float64)
+
+    def grads():
+        model.zero_grad(set_to_none=True)
+        x_real, x_fake = model.inputs(real), model.inputs(fake)
+        score = (
+            model.score(x_real, cond, counts).sum() - model.score(x_fake, cond, fake_counts).sum()
+        )
+        gp = gradient_penalty(
+            model.score, cond, x_real, counts, x_fake, fake_counts, norm="event", alpha=alpha
+        )
+        (score + 10.0 * gp).backward()
+        return score.detach(), gp.detach(), [p.grad.clone() for p in model.parameters()]
+
+    narrow = grads()
+    _force_wide(monkeypatch)
+    wide = grads()
+    torch.testing.assert_close(narrow[0], wide[0])
+    torch.testing.assert_close(narrow[1], wide[1])
+    assert narrow[1] > 0
+    for a, b in zip(narrow[2], wide[2]):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_pooling_equals_the_cpu_to_second_order():
+    gen = torch.Generator().manual_seed(11)
+    counts = random_counts(500, gen, max_count=9)
+    n = int(counts.sum())
+    h = torch.randn(n, 32, generator=gen, dtype=torch.float64)
+    per_event = torch.randn(500, 32, generator=gen, dtype=torch.float64)
+
+    def run(device):
+        c = counts.to(device)
+        index = event_index_of(c, n)
+        x = h.to(device).requires_grad_(True)
+        e = per_event.to(device).requires_grad_(True)
+        out = (segment_max(x, c, index) ** 2).sum() + (segment_mean(x, c, index) ** 2).sum()
+        out = out + (rows_of(e, index) * x).sum()
+        g = torch.autograd.grad(out, (x, e), create_graph=True)
+        second = torch.autograd.grad(sum((t**2).sum() for t in g), (x, e))
+        if device == "cuda":
+            assert sorted(getattr(index, pooling._WIDE_CACHE)) == [32]
+        return [t.cpu() for t in (out, *g, *second)]
+
+    for a, b in zip(run("cpu"), run("cuda")):
+        torch.testing.assert_close(a, b)
