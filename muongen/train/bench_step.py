@@ -7,18 +7,36 @@ muons). Defaults are the production preset (5 critic steps, GP every 2 critic st
 at most 4096 pairs, lambda 10, Adam; fp32 with TF32 on CUDA). Events/s and muons/s count
 the batch's events and muons once per step (one step = n_critic critic updates + one
 generator update), as the original trainer's 390k events/s on an A100 did.
+
+``--config`` times another preset's step (its batch, critic updates, penalty, model and
+CPU shards and threads; ``--set`` changes any of it, as for ``muongen train``), and
+``--data`` takes the batch from real files (the first events of the files given, in the
+preset's feature representation) instead of the synthetic mix: ``muongen bench step
+--config quality --data quality-wide`` times the quality preset's step on its own
+showers, without a training run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import tempfile
 import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+#: the files --data reads from a folder
+DATA_SUFFIXES = (".parquet", ".h5", ".hdf5")
 
 HELP = "training-step throughput (events/s, muons/s) on a production-like synthetic batch"
 
 MAX_MUONS_PER_EVENT = 20000
+
+#: the preset timed without --config, and its batch on the bench (its own is 48000)
+DEFAULT_CONFIG = "production-a100"
+DEFAULT_BATCH = 4096
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -28,22 +46,54 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="default: cuda when available, else cpu",
     )
-    parser.add_argument("--batch", type=int, default=4096, help="events per batch (4096)")
+    parser.add_argument(
+        "--config",
+        default=DEFAULT_CONFIG,
+        help=f"the preset (or YAML file) whose step is timed ({DEFAULT_CONFIG})",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="change a config value, as for `muongen train` (repeatable)",
+    )
+    parser.add_argument(
+        "--data",
+        nargs="+",
+        default=None,
+        metavar="PATH",
+        help="take the batch from these Parquet/HDF5 files or folders (their first events) "
+        "instead of the synthetic --mix",
+    )
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help=f"events per batch ({DEFAULT_BATCH} for {DEFAULT_CONFIG}, else the preset's)",
+    )
     parser.add_argument("--steps", type=int, default=10, help="timed steps (10)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (3)")
     parser.add_argument(
-        "--gp-every", type=int, default=2, help="GP every K critic steps; 0 turns the GP off (2)"
+        "--gp-every",
+        type=int,
+        default=None,
+        help="GP every K critic steps; 0 turns the GP off (the preset's: 2 for production-a100)",
     )
-    parser.add_argument("--gp-pairs", type=int, default=4096, help="max GP pairs (4096)")
-    parser.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
-    parser.add_argument("--n-critic", type=int, default=5, help="critic updates per step (5)")
+    parser.add_argument("--gp-pairs", type=int, default=None, help="max GP pairs (the preset's)")
+    parser.add_argument("--optimizer", choices=["adam", "sgd"], default=None)
+    parser.add_argument(
+        "--n-critic", type=int, default=None, help="critic updates per step (the preset's)"
+    )
     parser.add_argument(
         "--precision",
         choices=["fp32", "bf16", "fp16"],
         default=None,
         help="autocast on CUDA (default: the production-a100 preset's; fp32 on CPU)",
     )
-    parser.add_argument("--compile", action="store_true", help="torch.compile the generator")
+    parser.add_argument(
+        "--compile", action="store_true", help="torch.compile the generator (train.compile)"
+    )
     parser.add_argument(
         "--cuda-graphs",
         action="store_true",
@@ -61,7 +111,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="use the per-event reference GP (for the speed-up ratio)",
     )
     parser.add_argument(
-        "--threads", type=int, default=0, help="torch CPU threads (0: torch's default)"
+        "--threads",
+        type=int,
+        default=0,
+        help="torch CPU threads (0: the preset's train.cpu_threads, else torch's default)",
     )
     parser.add_argument(
         "--profile",
@@ -106,6 +159,74 @@ def synthetic_batch(n_events: int, mix: str = "production", seed: int = 0):
     return RaggedBatch(cond, muons, counts)
 
 
+def batch_from_files(paths: list[str], n_events: int, representation: str = "xy"):
+    """A RaggedBatch in feature units: the first ``n_events`` valid events of the Parquet /
+    HDF5 files in ``paths`` (files, or folders of them, in name order)."""
+
+    from muongen import schema
+    from muongen.data.batch import RaggedBatch
+    from muongen.data.reader import read_events
+    from muongen.errors import ConfigError
+
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files += sorted(f for f in p.iterdir() if f.suffix.lower() in DATA_SUFFIXES)
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise ConfigError(f"--data {p}: no such file or folder")
+    if not files:
+        raise ConfigError(
+            f"--data {' '.join(paths)}: no {'/'.join(DATA_SUFFIXES)} files there; "
+            "give files or folders of them (e.g. `muongen synth --out DIR` makes some)"
+        )
+    parts, have = [], 0
+    for f in files:
+        part = read_events(str(f), max_events=n_events - have)
+        parts.append(part)
+        have += part.n_events
+        if have >= n_events:
+            break
+    raw = RaggedBatch.concat(parts)
+    if raw.n_events < n_events:
+        log.warning(
+            "--data: %d valid events in %d file(s), fewer than the batch's %d: timing those",
+            raw.n_events,
+            len(files),
+            n_events,
+        )
+    if raw.n_events == 0:
+        raise ConfigError(f"--data {' '.join(paths)}: no valid events in {len(files)} file(s)")
+    return RaggedBatch(
+        schema.condition_features(raw.conditions),
+        schema.muon_features(raw.muons, representation),
+        raw.counts,
+    )
+
+
+def _overrides(args: argparse.Namespace, batch_events: int | None, device: str) -> list[str]:
+    """The config changes the bench's own flags ask for (none: the preset's values)."""
+    out = [f"train.device={device}"]
+    if batch_events is not None:
+        out.append(f"data.batch_events={batch_events}")
+    if args.optimizer:
+        out.append(f"optim.optimizer={args.optimizer}")
+    if args.n_critic is not None:
+        out.append(f"optim.n_critic={args.n_critic}")
+    if args.gp_pairs is not None:
+        out.append(f"optim.gp_max_pairs={args.gp_pairs}")
+    if args.compile:
+        out.append("train.compile=true")
+    if args.cuda_graphs:
+        out.append("train.cuda_graphs=true")
+    if args.precision:
+        out.append(f"train.precision={args.precision}")
+    if args.gp_every is not None:
+        out.append(f"optim.gp_every={args.gp_every}" if args.gp_every > 0 else "optim.gp_lambda=0")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -118,27 +239,16 @@ def run(args: argparse.Namespace) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu")
-    if args.steps < 1 or args.batch < 1:
+    batch_events = args.batch
+    if batch_events is None and args.config == DEFAULT_CONFIG:
+        batch_events = DEFAULT_BATCH
+    if args.steps < 1 or (batch_events is not None and batch_events < 1):
         raise ConfigError("--steps and --batch must be >= 1")
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    overrides = [
-        f"data.batch_events={args.batch}",
-        f"optim.optimizer={args.optimizer}",
-        f"optim.n_critic={args.n_critic}",
-        f"optim.gp_max_pairs={args.gp_pairs}",
-        f"train.device={device}",
-        f"train.compile={str(args.compile).lower()}",
-    ]
-    if args.cuda_graphs:
-        overrides.append("train.cuda_graphs=true")
-    if args.precision:
-        overrides.append(f"train.precision={args.precision}")
-    if args.gp_every > 0:
-        overrides.append(f"optim.gp_every={args.gp_every}")
-    else:
-        overrides.append("optim.gp_lambda=0")
-    cfg = load_config("production-a100", overrides)
+    cfg = load_config(args.config, [*_overrides(args, batch_events, device), *args.set])
+    gp_every = cfg.optim.gp_every if cfg.optim.gp_lambda > 0 else 0
+    threads = args.threads or (cfg.train.cpu_threads if device == "cpu" else 0)
+    if threads > 0:
+        torch.set_num_threads(threads)
     precision = cfg.train.precision if device == "cuda" else "fp32"  # no autocast on the CPU
 
     torch.manual_seed(0)
@@ -147,7 +257,13 @@ def run(args: argparse.Namespace) -> int:
     critic.to(device)
     penalty = reference_gradient_penalty if args.reference_gp else gradient_penalty
     step = GanStep(generator, critic, cfg.optim, cfg.train, device, penalty_fn=penalty)
-    batch = synthetic_batch(args.batch, args.mix)
+    n_events = cfg.data.batch_events
+    if args.data:
+        batch = batch_from_files(args.data, n_events, cfg.model.representation)
+        mix = "files"
+    else:
+        batch = synthetic_batch(n_events, args.mix)
+        mix = args.mix
     micro = [m.to(device) for m in batch.split_by_muons(cfg.data.max_muons_per_batch)]
 
     def sync() -> None:
@@ -176,31 +292,32 @@ def run(args: argparse.Namespace) -> int:
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "threads": torch.get_num_threads(),
         "shards": step.shards,
-        "batch": args.batch,
+        "config": args.config,
+        "batch": batch.n_events,
         "muons": batch.n_muons,
         "mean_muons_per_event": round(float(counts.mean()), 3),
         "empty_fraction": round(float((counts == 0).float().mean()), 3),
         "max_muons_per_event": int(counts.max()),
         "microbatches": len(micro),
-        "mix": args.mix,
+        "mix": mix,
         "steps": args.steps,
         "warmup": args.warmup,
         "n_critic": cfg.optim.n_critic,
-        "gp_every": args.gp_every,
+        "gp_every": gp_every,
         "gp_pairs": cfg.optim.gp_max_pairs,
         "gp_lambda": cfg.optim.gp_lambda,
         "optimizer": cfg.optim.optimizer,
         "precision": precision if device == "cuda" else "fp32",
-        "compile": args.compile,
+        "compile": cfg.train.compile,
         "cuda_graphs": step.graphs is not None,
         "graph_replays": step.graphs.replays if step.graphs is not None else 0,
         "reference_gp": args.reference_gp,
     }
     figures = {
-        "events_per_s": args.steps * args.batch / dt,
+        "events_per_s": args.steps * batch.n_events / dt,
         "muons_per_s": args.steps * batch.n_muons / dt,
         "ms_per_step": 1000.0 * dt / args.steps,
-        "events_per_s_median": args.batch / median,
+        "events_per_s_median": batch.n_events / median,
         "muons_per_s_median": batch.n_muons / median,
         "ms_per_step_median": 1000.0 * median,
         "max_memory_gib": (
@@ -209,15 +326,16 @@ def run(args: argparse.Namespace) -> int:
         "c_loss": float(out["c_loss"]),
         "skipped": int(out["skipped"]),
     }
-    if args.gp_every > 0:
+    if gp_every > 0:
         kind = ", per-event reference" if args.reference_gp else ""
-        gp = f"every {args.gp_every} ({cfg.optim.gp_max_pairs} pairs{kind})"
+        gp = f"every {gp_every} ({cfg.optim.gp_max_pairs} pairs{kind})"
     else:
         gp = "off"
+    source = f"{len(args.data)} data path(s)" if args.data else f"{mix} mix"
     print(
-        f"bench step on {settings['device']} ({settings['threads']} threads, "
-        f"{settings['shards']} shard(s)): batch "
-        f"{args.batch} events / {batch.n_muons} muons ({settings['mean_muons_per_event']} per "
+        f"bench step ({args.config}) on {settings['device']} ({settings['threads']} threads, "
+        f"{settings['shards']} shard(s)): batch of the {source}, "
+        f"{batch.n_events} events / {batch.n_muons} muons ({settings['mean_muons_per_event']} per "
         f"event, {settings['empty_fraction']:.0%} empty, max {settings['max_muons_per_event']}),"
         f" n_critic {cfg.optim.n_critic}, GP {gp}, {cfg.optim.optimizer}, {settings['precision']}"
         + (", CUDA graphs" if step.graphs is not None else "")

@@ -1,0 +1,71 @@
+"""`muongen bench step`: the figures it prints, the preset it times, the batch it times on."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from muongen.cli import main
+from muongen.data.reader import read_events
+
+
+def _bench(capsys, *args: str) -> tuple[str, dict]:
+    code = main(
+        ["bench", "step", "--device", "cpu", "--steps", "1", "--warmup", "0", "--json", *args]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    lines = out.strip().splitlines()
+    return "\n".join(lines[:-1]), json.loads(lines[-1])
+
+
+def test_the_default_times_production_a100_on_the_synthetic_mix(capsys):
+    text, fig = _bench(capsys, "--batch", "64", "--set", "model.global_hidden=[16]")
+    assert fig["config"] == "production-a100" and fig["mix"] == "production"
+    assert fig["batch"] == 64 and fig["n_critic"] == 5 and fig["gp_every"] == 2
+    assert fig["gp_pairs"] == 4096 and fig["optimizer"] == "adam"
+    assert fig["events_per_s"] > 0 and fig["muons"] > 0 and fig["skipped"] == 0
+    assert "bench step (production-a100)" in text and "GP every 2" in text
+
+
+def test_gp_every_0_turns_the_penalty_off(capsys):
+    text, fig = _bench(capsys, "--batch", "32", "--gp-every", "0", "--n-critic", "1")
+    assert fig["gp_every"] == 0 and fig["gp_lambda"] == 0 and fig["n_critic"] == 1
+    assert "GP off" in text
+
+
+def test_a_preset_on_its_own_files(capsys, tiny_data):
+    # the quality preset (3 critic updates, GP on each, 2 shards of one thread each) on
+    # the first 96 events of real files, in that order
+    _, fig = _bench(
+        capsys, "--config", "quality", "--data", str(tiny_data), "--set", "data.batch_events=96"
+    )
+    first = read_events(str(sorted(tiny_data.glob("*.parquet"))[0]), max_events=96)
+    assert fig["config"] == "quality" and fig["mix"] == "files"
+    assert fig["batch"] == 96 and fig["muons"] == first.n_muons
+    assert fig["n_critic"] == 3 and fig["gp_every"] == 1 and fig["gp_pairs"] == 2048
+    assert fig["shards"] == 2 and fig["threads"] == 2
+
+
+def test_data_spanning_files_and_short_of_the_batch(capsys, tiny_data, caplog):
+    files = sorted(tiny_data.glob("*.parquet"))[:2]  # 400 events each
+    _, fig = _bench(capsys, "--batch", "500", "--n-critic", "1", "--data", *map(str, files))
+    two = [read_events(str(f)) for f in files]
+    assert fig["batch"] == 500
+    assert fig["muons"] == two[0].n_muons + int(two[1].counts[:100].sum())
+    _, fig = _bench(capsys, "--batch", "900", "--n-critic", "1", "--data", *map(str, files))
+    assert fig["batch"] == 800  # all there is, said in the log
+    assert "fewer than the batch's 900" in caplog.text
+
+
+@pytest.mark.parametrize("where", ["missing", "empty"])
+def test_data_without_files_is_a_clear_error(capsys, tmp_path, where):
+    path = tmp_path / where
+    if where == "empty":
+        path.mkdir()
+    code = main(["bench", "step", "--device", "cpu", "--steps", "1", "--data", str(path)])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert str(path) in err
+    assert ("no such file or folder" if where == "missing" else "no .parquet") in err
