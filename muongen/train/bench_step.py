@@ -10,10 +10,10 @@ generator update), as the original trainer's 390k events/s on an A100 did.
 
 ``--config`` times another preset's step (its batch, critic updates, penalty, model and
 CPU shards and threads; ``--set`` changes any of it, as for ``muongen train``), and
-``--data`` takes the batch from real files (the first events of the files given, in the
-preset's feature representation) instead of the synthetic mix: ``muongen bench step
---config quality --data quality-wide`` times the quality preset's step on its own
-showers, without a training run.
+``--data`` takes the batch from real files (the same number of events from the start of
+each file given, in the preset's feature representation) instead of the synthetic mix:
+``muongen bench step --config quality --data quality-wide`` times the quality preset's
+step on its own showers, without a training run.
 """
 
 from __future__ import annotations
@@ -160,8 +160,10 @@ def synthetic_batch(n_events: int, mix: str = "production", seed: int = 0):
 
 
 def batch_from_files(paths: list[str], n_events: int, representation: str = "xy"):
-    """A RaggedBatch in feature units: the first ``n_events`` valid events of the Parquet /
-    HDF5 files in ``paths`` (files, or folders of them, in name order)."""
+    """A RaggedBatch in feature units: ``n_events`` valid events of the Parquet / HDF5
+    files in ``paths`` (files, or folders of them, in name order), the same number from
+    the start of each file (a training batch draws from every file of a shuffled
+    dataset: the first events of one file can be all of one kind of shower)."""
 
     from muongen import schema
     from muongen.data.batch import RaggedBatch
@@ -181,9 +183,10 @@ def batch_from_files(paths: list[str], n_events: int, representation: str = "xy"
             f"--data {' '.join(paths)}: no {'/'.join(DATA_SUFFIXES)} files there; "
             "give files or folders of them (e.g. `muongen synth --out DIR` makes some)"
         )
+    per_file = -(-n_events // len(files))
     parts, have = [], 0
     for f in files:
-        part = read_events(str(f), max_events=n_events - have)
+        part = read_events(str(f), max_events=min(per_file, n_events - have))
         parts.append(part)
         have += part.n_events
         if have >= n_events:
@@ -191,9 +194,11 @@ def batch_from_files(paths: list[str], n_events: int, representation: str = "xy"
     raw = RaggedBatch.concat(parts)
     if raw.n_events < n_events:
         log.warning(
-            "--data: %d valid events in %d file(s), fewer than the batch's %d: timing those",
+            "--data: %d valid events from %d file(s) (up to %d from each), fewer than the "
+            "batch's %d: timing those",
             raw.n_events,
             len(files),
+            per_file,
             n_events,
         )
     if raw.n_events == 0:
