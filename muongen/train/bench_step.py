@@ -63,8 +63,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=None,
         metavar="PATH",
-        help="take the batch from these Parquet/HDF5 files or folders (their first events) "
-        "instead of the synthetic --mix",
+        help="take the batch from these Parquet/HDF5 files or folders (as many events from "
+        "the start of each) instead of the synthetic --mix",
     )
     parser.add_argument(
         "--batch",
