@@ -23,12 +23,8 @@ import json
 import logging
 import tempfile
 import time
-from pathlib import Path
 
 log = logging.getLogger(__name__)
-
-#: the files --data reads from a folder
-DATA_SUFFIXES = (".parquet", ".h5", ".hdf5")
 
 HELP = "training-step throughput (events/s, muons/s) on a production-like synthetic batch"
 
@@ -63,8 +59,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=None,
         metavar="PATH",
-        help="take the batch from these Parquet/HDF5 files or folders (as many events from "
-        "the start of each) instead of the synthetic --mix",
+        help="take the batch from these Parquet/HDF5 files, folders or globs (as many events "
+        "from the start of each file) instead of the synthetic --mix",
     )
     parser.add_argument(
         "--batch",
@@ -160,33 +156,21 @@ def synthetic_batch(n_events: int, mix: str = "production", seed: int = 0):
 
 
 def batch_from_files(paths: list[str], n_events: int, representation: str = "xy"):
-    """A RaggedBatch in feature units: ``n_events`` valid events of the Parquet / HDF5
-    files in ``paths`` (files, or folders of them, in name order), the same number from
-    the start of each file (a training batch draws from every file of a shuffled
-    dataset: the first events of one file can be all of one kind of shower)."""
-
+    """A RaggedBatch in feature units: ``n_events`` valid events of the input files
+    ``paths`` names (files, folders, globs, as for ``muongen train``: expand_inputs), the
+    same number from the start of each file (a training batch draws from every file of a
+    shuffled dataset: the first events of one file can be all of one kind of shower)."""
     from muongen import schema
     from muongen.data.batch import RaggedBatch
     from muongen.data.reader import read_events
     from muongen.errors import ConfigError
+    from muongen.storage import expand_inputs
 
-    files: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            files += sorted(f for f in p.iterdir() if f.suffix.lower() in DATA_SUFFIXES)
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise ConfigError(f"--data {p}: no such file or folder")
-    if not files:
-        raise ConfigError(
-            f"--data {' '.join(paths)}: no {'/'.join(DATA_SUFFIXES)} files there; "
-            "give files or folders of them (e.g. `muongen synth --out DIR` makes some)"
-        )
+    files = expand_inputs(paths)  # a StorageError names a path that matches nothing
     per_file = -(-n_events // len(files))
     parts, have = [], 0
     for f in files:
-        part = read_events(str(f), max_events=min(per_file, n_events - have))
+        part = read_events(f, max_events=min(per_file, n_events - have))
         parts.append(part)
         have += part.n_events
         if have >= n_events:

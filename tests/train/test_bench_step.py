@@ -69,4 +69,4 @@ def test_data_without_files_is_a_clear_error(capsys, tmp_path, where):
     err = capsys.readouterr().err
     assert code != 0
     assert str(path) in err
-    assert ("no such file or folder" if where == "missing" else "no .parquet") in err
+    assert ("does not exist" if where == "missing" else "matches no files") in err
