@@ -17,6 +17,18 @@ def test_presets_ship_and_load():
     assert prod.optim.n_critic == 5
     assert prod.optim.gp_every == 2 and prod.optim.gp_max_pairs == 4096
     assert prod.train.tf32 is True
+    # the step recorded as CUDA graphs, compiled on CUDA only (the CPU step runs eagerly)
+    assert prod.train.cuda_graphs is True and prod.train.compile == "cuda"
+
+
+@pytest.mark.parametrize(("value", "want"), [("true", True), ("false", False), ("cuda", "cuda")])
+def test_compile_takes_true_false_or_cuda(value, want):
+    assert load_config("demo", [f"train.compile={value}"]).train.compile == want
+
+
+def test_compile_refuses_other_words():
+    with pytest.raises(ConfigError, match="train.compile"):
+        load_config("demo", ["train.compile=gpu"])
 
 
 def test_precedence_defaults_file_overrides(tmp_path):

@@ -88,7 +88,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="autocast on CUDA (default: the production-a100 preset's; fp32 on CPU)",
     )
     parser.add_argument(
-        "--compile", action="store_true", help="torch.compile the generator (train.compile)"
+        "--compile",
+        action="store_true",
+        help="torch.compile the generator and the critic's WGAN terms, also on the CPU "
+        "(train.compile=true; production-a100 compiles on CUDA only: --set "
+        "train.compile=false times its step uncompiled)",
     )
     parser.add_argument(
         "--cuda-graphs",
@@ -297,7 +301,7 @@ def run(args: argparse.Namespace) -> int:
         "gp_lambda": cfg.optim.gp_lambda,
         "optimizer": cfg.optim.optimizer,
         "precision": precision if device == "cuda" else "fp32",
-        "compile": cfg.train.compile,
+        "compile": step.compiled,
         "cuda_graphs": step.graphs is not None,
         "graph_replays": step.graphs.replays if step.graphs is not None else 0,
         "reference_gp": args.reference_gp,
@@ -327,6 +331,7 @@ def run(args: argparse.Namespace) -> int:
         f"{batch.n_events} events / {batch.n_muons} muons ({settings['mean_muons_per_event']} per "
         f"event, {settings['empty_fraction']:.0%} empty, max {settings['max_muons_per_event']}),"
         f" n_critic {cfg.optim.n_critic}, GP {gp}, {cfg.optim.optimizer}, {settings['precision']}"
+        + (", compiled" if step.compiled else "")
         + (", CUDA graphs" if step.graphs is not None else "")
     )
     print(

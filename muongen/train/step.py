@@ -272,6 +272,49 @@ def _shard_pool(workers: int, threads_each: int) -> ThreadPoolExecutor:
         return _POOLS[key]
 
 
+def c_compiler() -> str | None:
+    """The C compiler torch.compile's code generation would call (``CC``, else cc, gcc or
+    clang on the PATH), or None."""
+    import os
+    import shutil
+
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def compiles(setting: bool | str, device: torch.device) -> bool:
+    """Whether ``train.compile`` (true, false or ``cuda``) compiles the step on ``device``:
+    where it asks for it and it can work (:func:`_can_compile`)."""
+    wanted = setting is True or (setting == "cuda" and device.type == "cuda")
+    return wanted and _can_compile(device)
+
+
+def _can_compile(device: torch.device) -> bool:
+    """Whether ``train.compile`` can work here; logs why not (the step then runs as usual).
+
+    torch.compile generates C++ (CPU) or Triton (CUDA) code and builds it with the host's C
+    compiler at run time; some images have none (pytorch/pytorch's runtime images before
+    2026)."""
+    missing = []
+    if c_compiler() is None:
+        missing.append("a C compiler (none of $CC, cc, gcc, clang is on the PATH)")
+    if device.type == "cuda":
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            missing.append("the triton package")
+    if missing:
+        log.warning(
+            "train.compile needs %s: the step runs uncompiled (install it, or set "
+            "train.compile=false to silence this)",
+            " and ".join(missing),
+        )
+        return False
+    return True
+
+
 def resolve_shards(requested: int, device: torch.device, compiled: bool) -> int:
     """The step's shard count for ``train.step_shards`` (see there): 1 off the CPU and
     with ``compile``; 0 (auto) is 2 when torch has 2 or more threads, else 1."""
@@ -366,7 +409,9 @@ class GanStep:
 
         if self.device.type == "cpu" and train_cfg.cpu_keep_memory:
             keep_freed_memory()
-        self.shards = resolve_shards(train_cfg.step_shards, self.device, train_cfg.compile)
+        #: whether the step runs compiled (train.compile, where it applies and can work)
+        self.compiled = compiles(train_cfg.compile, self.device)
+        self.shards = resolve_shards(train_cfg.step_shards, self.device, self.compiled)
         #: torch's threads shared out among the shards (each shard's thread sets its own)
         self.threads_per_shard = max(1, torch.get_num_threads() // self.shards)
         self._rngs = [torch.Generator() for _ in range(self.shards)] if self.shards > 1 else []
@@ -377,10 +422,16 @@ class GanStep:
         self._generate = generator.generate_with_counts
         # the critic scores muons already mapped by critic.inputs (see _Scored.inputs)
         self._critic_fwd = critic.score
-        if train_cfg.compile:
+        if self.compiled:
             self._generate = torch.compile(generator.generate_with_counts, dynamic=True)
-            if optim_cfg.gp_lambda == 0:  # the GP's double backward does not compile
-                self._critic_fwd = torch.compile(critic.score, dynamic=True)
+            # the WGAN terms differentiate the critic once, so they compile; the penalty's
+            # double backward does not, and goes through the eager critic.score (the same
+            # parameters: the gradients add up as without compile)
+            self._critic_fwd = torch.compile(critic.score, dynamic=True)
+            log.info(
+                "train.compile: the generator and the critic's WGAN terms are compiled on "
+                "their first call (about a minute; the penalty stays uncompiled)"
+            )
 
     def _setup_graphs(self) -> None:
         """Record the step as CUDA graphs where that applies (train.cuda_graphs)."""

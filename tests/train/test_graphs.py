@@ -160,7 +160,7 @@ def test_loading_a_state_forgets_the_recorded_graphs():
 
 @pytest.mark.parametrize(
     "change",
-    ["train.fake_counts=predicted", "train.precision=fp16", "train.compile=true"],
+    ["train.fake_counts=predicted", "train.precision=fp16"],
 )
 def test_cuda_graphs_refuse_what_they_cannot_record(change):
     with pytest.raises(ConfigError, match=r"train\.cuda_graphs"):

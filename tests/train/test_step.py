@@ -243,14 +243,65 @@ def test_real_and_fake_scored_in_one_call_give_the_gradients_of_two_calls(weight
 
 
 @pytest.mark.slow
-def test_compiled_generator_and_critic_match_the_contract():
+def test_compiled_step_matches_the_eager_step(monkeypatch):
+    """With the penalty on too: the WGAN terms run through the compiled critic, the
+    penalty's double backward through the eager one; losses and updates are the eager
+    step's to rounding (with the eager random numbers: compiled code draws its noise
+    from a stream of its own unless ``fallback_random``)."""
+    import torch._inductor.config
+
+    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
+    for lam in (10.0, 0.0):
+        ocfg = OptimConfig(n_critic=2, gp_lambda=lam, gp_max_pairs=8)
+        runs = []
+        for compile_ in (False, True):
+            gen, critic = small_models()
+            step = GanStep(gen, critic, ocfg, TrainConfig(compile=compile_), "cpu")
+            assert step.compiled is compile_
+            assert (step._critic_fwd == critic.score) is not compile_
+            torch.manual_seed(3)
+            outs = [step(micro(seed=seed)) for seed in (0, 1)]
+            runs.append((outs, params(gen) + params(critic)))
+        (eager, p_eager), (compiled, p_compiled) = runs
+        for a, b in zip(eager, compiled):
+            assert set(b) == KEYS and int(b["skipped"]) == 0
+            for k in KEYS:
+                torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5)
+        for a, b in zip(p_eager, p_compiled):
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+
+
+def test_compile_applies_where_asked_and_possible(monkeypatch, caplog):
+    from muongen.train import step as step_mod
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(step_mod, "_can_compile", lambda device: True)
+    assert step_mod.compiles(True, cpu) and step_mod.compiles(True, cuda)
+    assert step_mod.compiles("cuda", cuda) and not step_mod.compiles("cuda", cpu)
+    assert not step_mod.compiles(False, cuda)
+    monkeypatch.undo()
+
+    # no C compiler: a warning naming what is missing, and the step runs as usual
+    monkeypatch.setattr(step_mod, "c_compiler", lambda: None)
     gen, critic = small_models()
-    for lam in (10.0, 0.0):  # the critic is compiled only when the GP is off
-        ocfg = OptimConfig(n_critic=1, gp_lambda=lam)
-        step = GanStep(gen, critic, ocfg, TrainConfig(compile=True), "cpu")
-        for seed in (0, 1):
-            out = step(micro(seed=seed))
-            assert set(out) == KEYS and int(out["skipped"]) == 0
+    with caplog.at_level("WARNING", logger="muongen.train.step"):
+        step = GanStep(gen, critic, OptimConfig(n_critic=1), TrainConfig(compile=True), "cpu")
+    assert not step.compiled and step._critic_fwd == critic.score
+    assert "train.compile needs a C compiler" in caplog.text
+    assert set(step(micro())) == KEYS
+
+
+def test_c_compiler_follows_cc(monkeypatch, tmp_path):
+    from muongen.train.step import c_compiler
+
+    cc = tmp_path / "my-cc"
+    cc.write_text("#!/bin/sh\n")
+    cc.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("CC", "my-cc")
+    assert c_compiler() == "my-cc"
+    monkeypatch.delenv("CC")
+    assert c_compiler() is None  # no cc, gcc or clang on this PATH
 
 
 def test_sync_grads_is_called_once_per_update():
