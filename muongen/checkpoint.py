@@ -417,6 +417,28 @@ def model_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[st
     ]
 
 
+def schedule_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``<key>: saved -> current`` for the settings of how a run trains (every ``optim``
+    key, and ``train.max_steps`` where it is the horizon of this run's cosine decay) that
+    differ between a checkpoint's config and this run's; both are whole
+    :meth:`Config.to_dict` trees (a key the checkpoint lacks is not compared)."""
+    old_optim, new_optim = saved.get("optim") or {}, current.get("optim") or {}
+    pairs = [(f"optim.{k}", old_optim.get(k), new_optim.get(k)) for k in sorted(new_optim)]
+    if new_optim.get("schedule") == "cosine" and not new_optim.get("decay_steps"):
+        pairs.append(
+            (
+                "train.max_steps",
+                (saved.get("train") or {}).get("max_steps"),
+                (current.get("train") or {}).get("max_steps"),
+            )
+        )
+    return [
+        f"{key}: {old!r} in the checkpoint, {new!r} here"
+        for key, old, new in pairs
+        if old is not None and old != new
+    ]
+
+
 def load_module(
     module: nn.Module,
     state: dict[str, torch.Tensor],

@@ -346,6 +346,15 @@ class Trainer:
                     part.source = found
             self.load_state_dict(payload, source=found)
             log.info("resumed from %s at step %d", found, self.step)
+            changed = fmt.schedule_differences(payload.get("config") or {}, self.cfg.to_dict())
+            if changed:
+                log.warning(
+                    "resuming %s with training settings other than its own (this run's "
+                    "apply): %s. To go on as it began, --set them back (or resume with the "
+                    "config the run started from: its config.yaml)",
+                    found,
+                    "; ".join(changed),
+                )
         self._started = True
         return found
 

@@ -267,6 +267,35 @@ def test_nonfinite_steps_roll_back_then_stop(tiny_config, tmp_path, monkeypatch)
     assert ckpt.read_manifest(ckpt.find_latest(tmp_path / "r" / "checkpoints"))["step"] == 10
 
 
+def test_resume_names_changed_training_settings(tiny_config, tmp_path, caplog):
+    Trainer(tiny_config(train__max_steps=10), tmp_path / "r").train()
+    same = Trainer(tiny_config(train__max_steps=10), tmp_path / "r")
+    with caplog.at_level("WARNING", logger="muongen.train.trainer"):
+        assert same.resume("auto") is not None
+    assert "training settings other than its own" not in caplog.text
+
+    caplog.clear()
+    other = Trainer(tiny_config(train__max_steps=10, optim__lr_critic=3e-4), tmp_path / "r")
+    with caplog.at_level("WARNING", logger="muongen.train.trainer"):
+        assert other.resume("auto") is not None
+    assert "training settings other than its own" in caplog.text
+    assert "optim.lr_critic: 0.0001 in the checkpoint, 0.0003 here" in caplog.text
+    assert "max_steps" not in caplog.text  # a constant rate: the length is not a schedule
+
+
+def test_schedule_differences_name_the_cosine_horizon():
+    saved = {"optim": {"schedule": "cosine", "decay_steps": 0, "lr_critic": 2e-4},
+             "train": {"max_steps": 16000}}
+    now = {"optim": {"schedule": "cosine", "decay_steps": 0, "lr_critic": 3e-4},
+           "train": {"max_steps": 11000}}
+    assert ckpt.schedule_differences(saved, now) == [
+        "optim.lr_critic: 0.0002 in the checkpoint, 0.0003 here",
+        "train.max_steps: 16000 in the checkpoint, 11000 here",
+    ]
+    assert ckpt.schedule_differences(saved, saved) == []
+    assert ckpt.schedule_differences({}, now) == []  # an old checkpoint without a config
+
+
 def test_resume_refuses_a_model_of_another_shape(tiny_config, tmp_path):
     from muongen.errors import CheckpointError
 
