@@ -232,7 +232,8 @@ class TrainConfig:
     ``production-a100``'s setting: with CUDA graphs an H200 step of 48k events took 23.0
     ms against 33.5, README "On a GPU", while on a 2-core CPU the compiled step was
     slower than the eager one). Needs a C compiler on the host (and triton on CUDA);
-    without one the step runs uncompiled, with a warning."""
+    without one the step runs uncompiled, with a warning, as does code whose compilation
+    fails (torch logs the error)."""
     cpu_threads: int = 0
     """Threads of torch's CPU operations when training on the CPU (0: torch's default,
     one per core). The step's operations are small and the data pipeline runs in the same

@@ -272,6 +272,10 @@ def _shard_pool(workers: int, threads_each: int) -> ThreadPoolExecutor:
         return _POOLS[key]
 
 
+#: torch.compile's backend for ``train.compile`` (a name or a callable; tests swap it)
+COMPILE_BACKEND: str | Callable = "inductor"
+
+
 def c_compiler() -> str | None:
     """The C compiler torch.compile's code generation would call (``CC``, else cc, gcc or
     clang on the PATH), or None."""
@@ -423,11 +427,15 @@ class GanStep:
         # the critic scores muons already mapped by critic.inputs (see _Scored.inputs)
         self._critic_fwd = critic.score
         if self.compiled:
-            self._generate = torch.compile(generator.generate_with_counts, dynamic=True)
+            # a compilation that fails (no libcuda for triton in a container, say) logs its
+            # error and runs that code uncompiled instead of ending the run
+            torch._dynamo.config.suppress_errors = True
+            compile_ = functools.partial(torch.compile, dynamic=True, backend=COMPILE_BACKEND)
+            self._generate = compile_(generator.generate_with_counts)
             # the WGAN terms differentiate the critic once, so they compile; the penalty's
             # double backward does not, and goes through the eager critic.score (the same
             # parameters: the gradients add up as without compile)
-            self._critic_fwd = torch.compile(critic.score, dynamic=True)
+            self._critic_fwd = compile_(critic.score)
             log.info(
                 "train.compile: the generator and the critic's WGAN terms are compiled on "
                 "their first call (about a minute; the penalty stays uncompiled)"

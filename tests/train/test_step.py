@@ -291,6 +291,33 @@ def test_compile_applies_where_asked_and_possible(monkeypatch, caplog):
     assert set(step(micro())) == KEYS
 
 
+def test_a_failed_compilation_runs_the_step_uncompiled(monkeypatch):
+    """A backend that fails (as inductor does without libcuda or a working compiler) is
+    logged by torch and the step runs eagerly: the uncompiled step's very numbers."""
+    import torch._dynamo
+
+    from muongen.train import step as step_mod
+
+    def broken(gm, example_inputs):
+        raise RuntimeError("no libcuda.so for triton")
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch._dynamo.config, "suppress_errors", False)
+    monkeypatch.setattr(step_mod, "_can_compile", lambda device: True)
+    monkeypatch.setattr(step_mod, "COMPILE_BACKEND", broken)
+    results = []
+    for compile_ in (False, True):
+        gen, critic = small_models()
+        step = GanStep(gen, critic, OptimConfig(n_critic=1), TrainConfig(compile=compile_), "cpu")
+        assert step.compiled is compile_
+        torch.manual_seed(4)
+        results.append((step(micro()), params(gen) + params(critic)))
+    torch._dynamo.reset()
+    (eager, p_eager), (fallback, p_fallback) = results
+    assert all(torch.equal(eager[k], fallback[k]) for k in KEYS)
+    assert same(p_eager, p_fallback)
+
+
 def test_c_compiler_follows_cc(monkeypatch, tmp_path):
     from muongen.train.step import c_compiler
 
