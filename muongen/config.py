@@ -266,8 +266,9 @@ class TrainConfig:
     loss) so that batches of the same events and padded size share a graph
     (:mod:`muongen.train.graphs`; with ``compile``, the compiled kernels are recorded).
     Needs ``fake_counts: real``, fp32 or bf16; applies to single-process runs with
-    ``optim.optimizer: adam`` (with DDP or SGD the step runs as usual). Faster where the host bounds the step (few muons
-    per batch: 6-7x on an H200), no faster where the GPU does (README, "On a GPU")."""
+    ``optim.optimizer: adam`` (with DDP or SGD the step runs as usual). Faster where the
+    host bounds the step (few muons per batch: 6-7x on an H200), no faster where the GPU
+    does (README, "On a GPU")."""
     cuda_graphs_max: int = 64
     """At most this many recorded graphs (padded shapes x penalty patterns; none either
     while less than a quarter of the GPU's memory is free); a batch of another shape then

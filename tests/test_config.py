@@ -27,7 +27,7 @@ def test_compile_takes_true_false_or_cuda(value, want):
 
 
 def test_compile_refuses_other_words():
-    with pytest.raises(ConfigError, match="train.compile"):
+    with pytest.raises(ConfigError, match=r"train\.compile"):
         load_config("demo", ["train.compile=gpu"])
 
 

@@ -48,6 +48,8 @@ import functools
 import itertools
 import logging
 import math
+import os
+import shutil
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -279,9 +281,6 @@ COMPILE_BACKEND: str | Callable = "inductor"
 def c_compiler() -> str | None:
     """The C compiler torch.compile's code generation would call (``CC``, else cc, gcc or
     clang on the PATH), or None."""
-    import os
-    import shutil
-
     for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
         if name and shutil.which(name):
             return name

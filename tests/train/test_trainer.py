@@ -284,10 +284,14 @@ def test_resume_names_changed_training_settings(tiny_config, tmp_path, caplog):
 
 
 def test_schedule_differences_name_the_cosine_horizon():
-    saved = {"optim": {"schedule": "cosine", "decay_steps": 0, "lr_critic": 2e-4},
-             "train": {"max_steps": 16000}}
-    now = {"optim": {"schedule": "cosine", "decay_steps": 0, "lr_critic": 3e-4},
-           "train": {"max_steps": 11000}}
+    saved = {
+        "optim": {"schedule": "cosine", "decay_steps": 0, "lr_critic": 2e-4},
+        "train": {"max_steps": 16000},
+    }
+    now = {
+        "optim": {"schedule": "cosine", "decay_steps": 0, "lr_critic": 3e-4},
+        "train": {"max_steps": 11000},
+    }
     assert ckpt.schedule_differences(saved, now) == [
         "optim.lr_critic: 0.0002 in the checkpoint, 0.0003 here",
         "train.max_steps: 16000 in the checkpoint, 11000 here",
