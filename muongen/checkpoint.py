@@ -408,13 +408,18 @@ def clean_leftovers(directory: str | os.PathLike) -> list[Path]:
 # --------------------------------------------------------------------------- restoring
 
 
-def model_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """``model.<key>: saved -> current`` for every model setting that differs."""
+def _differences(prefix: str, saved: dict[str, Any], current: dict[str, Any], keys) -> list[str]:
+    """``<prefix><key>: saved -> current`` for each of ``keys`` whose values differ."""
     return [
-        f"model.{k}: {saved.get(k)!r} in the checkpoint, {current.get(k)!r} here"
-        for k in sorted(set(saved) | set(current))
+        f"{prefix}{k}: {saved.get(k)!r} in the checkpoint, {current.get(k)!r} here"
+        for k in keys
         if saved.get(k) != current.get(k)
     ]
+
+
+def model_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``model.<key>: saved -> current`` for every model setting that differs."""
+    return _differences("model.", saved, current, sorted(set(saved) | set(current)))
 
 
 def schedule_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
@@ -422,21 +427,13 @@ def schedule_differences(saved: dict[str, Any], current: dict[str, Any]) -> list
     key, and ``train.max_steps`` where it is the horizon of this run's cosine decay) that
     differ between a checkpoint's config and this run's; both are whole
     :meth:`Config.to_dict` trees (a key the checkpoint lacks is not compared)."""
-    old_optim, new_optim = saved.get("optim") or {}, current.get("optim") or {}
-    pairs = [(f"optim.{k}", old_optim.get(k), new_optim.get(k)) for k in sorted(new_optim)]
-    if new_optim.get("schedule") == "cosine" and not new_optim.get("decay_steps"):
-        pairs.append(
-            (
-                "train.max_steps",
-                (saved.get("train") or {}).get("max_steps"),
-                (current.get("train") or {}).get("max_steps"),
-            )
-        )
-    return [
-        f"{key}: {old!r} in the checkpoint, {new!r} here"
-        for key, old, new in pairs
-        if old is not None and old != new
-    ]
+    old, new = saved.get("optim") or {}, current.get("optim") or {}
+    changed = _differences("optim.", old, new, [k for k in sorted(new) if k in old])
+    if new.get("schedule") == "cosine" and not new.get("decay_steps"):
+        old_train, new_train = saved.get("train") or {}, current.get("train") or {}
+        keys = ["max_steps"] if "max_steps" in old_train else []
+        changed += _differences("train.", old_train, new_train, keys)
+    return changed
 
 
 def load_module(

@@ -340,13 +340,14 @@ class Trainer:
                 if hasattr(part, "reset"):
                     part.reset()
         else:
-            self._checkpoint_model = (payload.get("config") or {}).get("model", {})
+            saved_cfg = payload.get("config") or {}
+            self._checkpoint_model = saved_cfg.get("model", {})
             for part in self.parts.values():
                 if isinstance(part, Weights):
                     part.source = found
             self.load_state_dict(payload, source=found)
             log.info("resumed from %s at step %d", found, self.step)
-            changed = fmt.schedule_differences(payload.get("config") or {}, self.cfg.to_dict())
+            changed = fmt.schedule_differences(saved_cfg, self.cfg.to_dict())
             if changed:
                 log.warning(
                     "resuming %s with training settings other than its own (this run's "
