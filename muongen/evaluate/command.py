@@ -3,9 +3,10 @@
     muongen evaluate --checkpoint CKPT --data HELD_OUT... --out DIR [--events N]
                      [--device auto] [--n-splits N] [--seed 0]
                      [--bins log10_energy=5,6,7,8 ...] [--min-bin-events 50]
-                     [--ratio-target 3] [--batch 4096] [--exact-w1]
+                     [--ratio-target 3] [--batch 4096] [--exact-w1] [--single-draw]
 
-Reads held-out events, generates bundles for their primaries, and compares them with
+Reads held-out events, generates bundles for their primaries (anew for each split's
+half, and once for all of them for the plots), and compares them with
 the held-out muons (metrics.py) against the statistical floor (floors.py) and the
 condition-ignoring baseline (baseline.py). Writes ``DIR/metrics.json`` (every value),
 ``DIR/report.md`` (tables) and PNG plots, and prints the summary table.
@@ -32,7 +33,7 @@ from muongen.evaluate.baseline import baseline_for
 from muongen.evaluate.features import CONDITION_VARIABLES, EventSample, shower_groups
 from muongen.evaluate.floors import BIN_VARIABLES, compare, default_bins
 from muongen.evaluate.metrics import parse_edges
-from muongen.evaluate.sample import read_inputs, resolve_device, timed_generate
+from muongen.evaluate.sample import generate, read_inputs, resolve_device, timed_generate
 
 #: Held-out events used by default and the splits averaged over: at this size (1000 showers
 #: of 100 rows) and this many splits the floors are known to about 20 % (measured in
@@ -104,6 +105,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="per-muon W1 by exact sorts instead of the fine grid (slower; same to ~0.1 %%)",
     )
+    parser.add_argument(
+        "--single-draw",
+        action="store_true",
+        help="measure the model on one generation for all splits (as before 2026-11-27: "
+        "faster, but that draw's noise is in every split and not in the errors)",
+    )
 
 
 def parse_bins(items: list[str], real: EventSample, n_bins: int = 4) -> dict[str, np.ndarray]:
@@ -137,11 +144,16 @@ def evaluate_generator(
     ratio_target: float = 3.0,
     group_showers: bool = True,
     fast: bool = True,
+    redraw: bool = True,
 ) -> tuple[dict[str, Any], dict[str, EventSample]]:
     """Generate for ``real_batch``'s primaries and compare (see floors.compare).
 
     With ``group_showers`` the rows of one shower (consecutive events with the same primary,
-    one per depth) stay together in the half split and the bootstrap.
+    one per depth) stay together in the half split and the bootstrap. With ``redraw`` the
+    model is generated anew for each split's half (seeded by ``seed`` and the split): its
+    own noise then averages down over the splits and enters the errors, as the floor's and
+    the baseline's do; without, one draw for all primaries serves every split. That draw
+    is made either way (the plots, the throughput and the W1 grid use it).
 
     Returns:
         (result dict with "throughput" added, {"real", "model", "baseline"} samples for plots;
@@ -161,6 +173,21 @@ def evaluate_generator(
     model = EventSample.from_arrays(
         real.conditions, fake_batch.muons.numpy(), fake_batch.counts.numpy()
     )
+
+    def draw(index: np.ndarray, split: int) -> EventSample:
+        # a seed of its own per split, none equal to the single draw's
+        split_seed = int(np.random.SeedSequence([seed, split + 1]).generate_state(1)[0])
+        batch = generate(
+            generator,
+            real_batch.conditions[torch.as_tensor(index)],
+            device=device,
+            batch_events=batch_events,
+            seed=split_seed,
+        )
+        return EventSample.from_arrays(
+            real.conditions[index], batch.muons.numpy(), batch.counts.numpy()
+        )
+
     result = compare(
         real,
         {"model": model},
@@ -170,7 +197,9 @@ def evaluate_generator(
         seed=seed,
         ratio_target=ratio_target,
         fast=fast,
+        redraw={"model": draw} if redraw else None,
     )
+    result["split"]["model_draws"] = "per split" if redraw else "one"
     result["throughput"] = speed.as_dict()
     base = baseline_for(real, real.conditions, np.random.default_rng(seed + 1))
     return result, {"real": real, "model": model, "baseline": base}
@@ -244,6 +273,7 @@ def run(args: argparse.Namespace) -> int:
         ratio_target=args.ratio_target,
         group_showers=not args.no_shower_groups,
         fast=not args.exact_w1,
+        redraw=not args.single_draw,
     )
     result["meta"] = {
         **_checkpoint_meta(args.checkpoint),

@@ -18,6 +18,7 @@ than the baseline never passes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -270,6 +271,27 @@ class Yardstick:
         candidate = self._digitised(candidate) if candidate is not self.real else candidate
         return self._measure_halves([candidate.take(ib) for _, ib in self.splits])
 
+    def measure_draws(self, draw: Callable[[np.ndarray, int], EventSample]) -> dict[str, Any]:
+        """Per-split values of every metric for a candidate drawn anew in each split:
+        ``draw(index, s)`` returns events generated for the primaries of the held-out
+        events at ``index`` (half B of split ``s``), in that order, with noise of their own.
+
+        A candidate drawn once (:meth:`measure`) brings one draw's noise to every split:
+        the splits' spread, and so the error, leaves it out, and the mean carries it whole.
+        Drawn in each split, the generator's noise averages down with the splits' and the
+        error covers it (the floor's halves and the baseline's draws differ from split to
+        split in the same way). Muons are binned on the grid made at construction (from
+        ``pool``: pass one draw of the candidate there)."""
+        halves = []
+        for s, (_, ib) in enumerate(self.splits):
+            half = draw(ib, s)
+            if half.n_events != len(ib) or not np.array_equal(
+                half.conditions, self.real.conditions[ib]
+            ):
+                raise ValueError(f"draw {s} is not aligned with its held-out half (same primaries)")
+            halves.append(self._digitised(half))
+        return self._measure_halves(halves)
+
     def _measure_halves(self, halves: list[EventSample]) -> dict[str, Any]:
         """{"overall": {metric: (K,)}, "bins": {var: [None or {metric: (K,)}] per bin}}."""
         k_splits = len(self.splits)
@@ -448,6 +470,7 @@ def compare(
     ratio_target: float = 3.0,
     names: tuple[str, ...] = METRICS,
     fast: bool = True,
+    redraw: dict[str, Callable[[np.ndarray, int], EventSample]] | None = None,
 ) -> dict[str, Any]:
     """Metrics of each candidate against held-out ``real`` events, with floors and ratios.
 
@@ -455,6 +478,10 @@ def compare(
         real: held-out events.
         candidates: name -> events generated for ``real``'s primaries, in the same order
             (e.g. {"model": generated}).
+        redraw: name (of a candidate) -> ``draw(index, s)``, events generated anew for the
+            primaries ``real.take(index)`` (half B of split ``s``): that candidate is then
+            measured on a fresh draw in every split (:meth:`Yardstick.measure_draws`), and
+            its entry in ``candidates`` only joins the W1 grid.
         baseline: add the condition-ignoring baseline as candidate "baseline".
         bins: condition variable -> bin edges (see features.CONDITION_VARIABLES); None: none.
         n_splits: random A/B splits every value is the mean of (errors need >= 2).
@@ -491,5 +518,12 @@ def compare(
         pool=list(candidates.values()) if fast else None,
         names=names,
     )
-    measured = {k: stick.measure(c) for k, c in candidates.items()}
+    redraw = redraw or {}
+    unknown = set(redraw) - set(candidates)
+    if unknown:
+        raise ValueError(f"redraw names no candidate: {sorted(unknown)}")
+    measured = {
+        k: stick.measure_draws(redraw[k]) if k in redraw else stick.measure(c)
+        for k, c in candidates.items()
+    }
     return stick.result(measured, ratio_target)

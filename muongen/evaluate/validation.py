@@ -157,10 +157,30 @@ class Validator:
             n_splits,
         )
 
+    def _draw(self, generator: torch.nn.Module):
+        """``draw(index, split)`` for :meth:`Yardstick.measure_draws`: the generator's
+        events for the held-out primaries at ``index``, with a seed per split."""
+
+        def draw(index: np.ndarray, split: int) -> EventSample:
+            seed = int(np.random.SeedSequence([self.seed, split + 1]).generate_state(1)[0])
+            batch = generate(
+                generator,
+                self.conditions[torch.as_tensor(index)],
+                device=self.device,
+                batch_events=self.batch_events,
+                seed=seed,
+            )
+            return EventSample.from_arrays(
+                self.real.conditions[index], batch.muons.numpy(), batch.counts.numpy()
+            )
+
+        return draw
+
     def run(
         self, generator: torch.nn.Module, step: int
     ) -> tuple[dict[str, float], dict[str, Figure]]:
-        """Generate for the held-out primaries and measure against every split.
+        """Generate for the held-out primaries (anew for each split's half, and once for
+        all of them for the figures) and measure against every split.
 
         Returns:
             scalars: ``<metric>`` and ``<metric>_ratio`` (to its floor) of KEY_METRICS,
@@ -181,7 +201,8 @@ class Validator:
         fake = EventSample.from_arrays(
             self.real.conditions, fake_batch.muons.numpy(), fake_batch.counts.numpy()
         )
-        result = self.stick.result({"model": self.stick.measure(fake)})
+        # measured as `muongen evaluate` does: generated anew for each split's half
+        result = self.stick.result({"model": self.stick.measure_draws(self._draw(generator))})
         scalars: dict[str, float] = {}
         for m in KEY_METRICS:
             scalars[m] = result["overall"][m]["model"]

@@ -112,3 +112,21 @@ def test_evaluate_keeps_the_metrics_when_the_plots_fail(
     assert data["summary"]["median_ratio"] > 0
     assert "| metric" in (out / "report.md").read_text()
     assert not list(out.glob("*.png"))
+
+
+def test_evaluate_draws_the_model_anew_in_each_split(tiny_generator, held_out):
+    """By default each split's half gets its own generation (seeded by the seed and the
+    split: the same result twice); --single-draw measures the one draw shared by all."""
+    real = read_inputs([str(held_out)])
+    kw = {"n_splits": 3, "bins": [], "group_showers": False}
+    per_split, _ = evaluate_generator(tiny_generator, real, **kw)
+    again, _ = evaluate_generator(tiny_generator, real, **kw)
+    single, _ = evaluate_generator(tiny_generator, real, redraw=False, **kw)
+    assert per_split["split"]["model_draws"] == "per split"
+    assert single["split"]["model_draws"] == "one"
+    name = "muon_log10_energy"
+    assert per_split["overall"][name]["model"] == again["overall"][name]["model"]
+    assert per_split["overall"][name]["model"] != single["overall"][name]["model"]
+    # the floor and the baseline do not depend on how the model is drawn
+    for key in ("floor", "baseline"):
+        assert per_split["overall"][name][key] == single["overall"][name][key]

@@ -83,6 +83,63 @@ def test_floor_error_from_splits_matches_the_scatter_of_independent_data_sets():
     assert np.mean(means) == pytest.approx(0.036, rel=0.25)
 
 
+def _one_muon_events(x: np.ndarray) -> EventSample:
+    """Events of one muon each, log10 E = x, at one primary."""
+    n = len(x)
+    return EventSample.from_arrays(
+        np.tile([1e6, 0.0, 1.0, 1500.0], (n, 1)),
+        np.column_stack([10.0**x, np.ones(n), np.zeros(n)]),
+        np.ones(n, dtype=np.int64),
+    )
+
+
+def test_a_model_drawn_in_each_split_has_its_noise_in_the_errors():
+    """A perfect model measured against one fixed held-out set, over 16 independent model
+    draws: drawn once, the split-mean carries that draw's noise whole and the error from
+    the splits' spread is about half the true scatter; drawn anew in each split
+    (``redraw``), the scatter shrinks and the error matches it. The mean is the same."""
+    real = _one_muon_events(np.random.default_rng(0).normal(0.0, 1.0, 4000))
+    names = ("muon_log10_energy",)
+    found = {}
+    for mode in ("one", "per split"):
+        means, errs = [], []
+        for s in range(16):
+            model = _one_muon_events(np.random.default_rng(100 + s).normal(0.0, 1.0, 4000))
+
+            def draw(index, split, s=s):
+                return _one_muon_events(np.random.default_rng([s, split]).normal(0, 1, len(index)))
+
+            redraw = {"model": draw} if mode == "per split" else None
+            res = compare(
+                real, {"model": model}, baseline=False, n_splits=16, names=names, redraw=redraw
+            )
+            means.append(res["overall"]["muon_log10_energy"]["model"])
+            errs.append(res["overall"]["muon_log10_energy"]["model_err"])
+        found[mode] = (np.mean(means), np.std(means, ddof=1), np.mean(errs))
+    (mean_1, scatter_1, err_1), (mean_s, scatter_s, err_s) = found["one"], found["per split"]
+    assert err_1 / scatter_1 < 0.8  # one draw: the error leaves its noise out
+    assert 0.7 < err_s / scatter_s < 1.5  # drawn in each split: the error is the scatter
+    assert scatter_s < 0.75 * scatter_1
+    assert mean_s == pytest.approx(mean_1, rel=0.1)
+
+
+def test_redraws_must_be_aligned_and_name_a_candidate(toy):
+    real = toy(400, seed=0)
+    model = toy(400, seed=1, conditions=real.conditions)
+    calls = []
+
+    def draw(index, split):
+        calls.append(split)
+        return toy(len(index), seed=10 + split, conditions=real.conditions[index])
+
+    res = compare(real, {"model": model}, n_splits=3, redraw={"model": draw})
+    assert calls == [0, 1, 2] and np.isfinite(res["summary"]["median_ratio"])
+    with pytest.raises(ValueError, match="not aligned"):
+        compare(real, {"model": model}, n_splits=2, redraw={"model": lambda i, s: model})
+    with pytest.raises(ValueError, match="names no candidate"):
+        compare(real, {"model": model}, n_splits=2, redraw={"other": draw})
+
+
 def test_perfect_model_sits_at_the_floor_and_bad_model_fails(toy):
     real = toy(6000, seed=0)
     good = toy(6000, seed=1, conditions=real.conditions)  # same physics, same primaries
