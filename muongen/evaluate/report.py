@@ -16,6 +16,12 @@ import numpy as np
 
 from muongen.evaluate.metrics import UNITS
 
+#: how the model was drawn (metrics.json's split.model_draws), as the report says it
+_MODEL_DRAWS = {
+    "per split": ", the model generated anew for each",
+    "one": ", one draw of the model for all",
+}
+
 
 def jsonable(obj: Any) -> Any:
     """Plain JSON types: numpy scalars/arrays to Python, NaN/inf to None, Paths to str."""
@@ -228,7 +234,8 @@ def write_report(
     lines += [
         f"- events: {split.get('n_events')} held-out"
         + (f" from {split['n_groups']} showers" if split.get("n_groups") else "")
-        + f", {split.get('n_splits')} random half splits",
+        + f", {split.get('n_splits')} random half splits"
+        + _MODEL_DRAWS.get(split.get("model_draws"), ""),
         "",
         headline(result),
         "",

@@ -55,6 +55,8 @@ def test_evaluate_end_to_end(tmp_path, tiny_checkpoint, held_out, capsys):
     assert data["overall"]["multiplicity"]["verdict"].startswith(("FAIL", "floor uncertain"))
     report = (out / "report.md").read_text()
     assert "| metric" in report and "floor ± err" in report
+    assert data["split"]["model_draws"] == "per split"
+    assert "3 random half splits, the model generated anew for each" in report
     for name in ("muon_log10_energy", "event_multiplicity", "multiplicity_vs_energy", "by_depth"):
         png = out / f"{name}.png"
         assert png.stat().st_size > 5000 and f"({name}.png)" in report
