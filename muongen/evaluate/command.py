@@ -33,7 +33,7 @@ from muongen.evaluate.baseline import baseline_for
 from muongen.evaluate.features import CONDITION_VARIABLES, EventSample, shower_groups
 from muongen.evaluate.floors import BIN_VARIABLES, compare, default_bins
 from muongen.evaluate.metrics import parse_edges
-from muongen.evaluate.sample import generate, read_inputs, resolve_device, timed_generate
+from muongen.evaluate.sample import read_inputs, resolve_device, split_draws, timed_generate
 
 #: Held-out events used by default and the splits averaged over: at this size (1000 showers
 #: of 100 rows) and this many splits the floors are known to about 20 % (measured in
@@ -174,20 +174,9 @@ def evaluate_generator(
         real.conditions, fake_batch.muons.numpy(), fake_batch.counts.numpy()
     )
 
-    def draw(index: np.ndarray, split: int) -> EventSample:
-        # a seed of its own per split, none equal to the single draw's
-        split_seed = int(np.random.SeedSequence([seed, split + 1]).generate_state(1)[0])
-        batch = generate(
-            generator,
-            real_batch.conditions[torch.as_tensor(index)],
-            device=device,
-            batch_events=batch_events,
-            seed=split_seed,
-        )
-        return EventSample.from_arrays(
-            real.conditions[index], batch.muons.numpy(), batch.counts.numpy()
-        )
-
+    draw = split_draws(
+        generator, real_batch.conditions, device=device, batch_events=batch_events, seed=seed
+    )
     result = compare(
         real,
         {"model": model},

@@ -229,6 +229,36 @@ def timed_generate(generator, conditions, **kw) -> tuple[RaggedBatch, Throughput
     return batch, Throughput(batch.n_events, batch.n_muons, seconds, str(device))
 
 
+def split_draws(
+    generator: torch.nn.Module,
+    conditions: torch.Tensor,
+    *,
+    device: torch.device | str | None = None,
+    batch_events: int = 4096,
+    seed: int = 0,
+):
+    """``draw(index, split)`` for :meth:`muongen.evaluate.floors.Yardstick.measure_draws`:
+    the generator's events for the primaries ``conditions[index]`` (B, 4, physical), as an
+    EventSample with exactly those conditions, from a seed of each split's own (derived
+    from ``seed`` and the split; none equals ``seed`` itself, the single draw's)."""
+    from muongen.evaluate.features import EventSample
+
+    physical = conditions.detach().cpu().numpy().astype(np.float64)
+
+    def draw(index: np.ndarray, split: int):
+        split_seed = int(np.random.SeedSequence([seed, split + 1]).generate_state(1)[0])
+        batch = generate(
+            generator,
+            conditions[torch.as_tensor(index)],
+            device=device,
+            batch_events=batch_events,
+            seed=split_seed,
+        )
+        return EventSample.from_arrays(physical[index], batch.muons.numpy(), batch.counts.numpy())
+
+    return draw
+
+
 def write_sample(
     path: str,
     batch: RaggedBatch,

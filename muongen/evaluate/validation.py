@@ -27,7 +27,7 @@ from muongen.errors import ConfigError
 from muongen.evaluate import plots
 from muongen.evaluate.features import EventSample, shower_groups
 from muongen.evaluate.floors import Yardstick, default_bins
-from muongen.evaluate.sample import generate, read_inputs
+from muongen.evaluate.sample import generate, read_inputs, split_draws
 
 log = logging.getLogger(__name__)
 
@@ -157,25 +157,6 @@ class Validator:
             n_splits,
         )
 
-    def _draw(self, generator: torch.nn.Module):
-        """``draw(index, split)`` for :meth:`Yardstick.measure_draws`: the generator's
-        events for the held-out primaries at ``index``, with a seed per split."""
-
-        def draw(index: np.ndarray, split: int) -> EventSample:
-            seed = int(np.random.SeedSequence([self.seed, split + 1]).generate_state(1)[0])
-            batch = generate(
-                generator,
-                self.conditions[torch.as_tensor(index)],
-                device=self.device,
-                batch_events=self.batch_events,
-                seed=seed,
-            )
-            return EventSample.from_arrays(
-                self.real.conditions[index], batch.muons.numpy(), batch.counts.numpy()
-            )
-
-        return draw
-
     def run(
         self, generator: torch.nn.Module, step: int
     ) -> tuple[dict[str, float], dict[str, Figure]]:
@@ -202,7 +183,14 @@ class Validator:
             self.real.conditions, fake_batch.muons.numpy(), fake_batch.counts.numpy()
         )
         # measured as `muongen evaluate` does: generated anew for each split's half
-        result = self.stick.result({"model": self.stick.measure_draws(self._draw(generator))})
+        draw = split_draws(
+            generator,
+            self.conditions,
+            device=self.device,
+            batch_events=self.batch_events,
+            seed=self.seed,
+        )
+        result = self.stick.result({"model": self.stick.measure_draws(draw)})
         scalars: dict[str, float] = {}
         for m in KEY_METRICS:
             scalars[m] = result["overall"][m]["model"]
