@@ -173,10 +173,10 @@ def evaluate_generator(
     model = EventSample.from_arrays(
         real.conditions, fake_batch.muons.numpy(), fake_batch.counts.numpy()
     )
-
-    draw = split_draws(
-        generator, real_batch.conditions, device=device, batch_events=batch_events, seed=seed
-    )
+    draws = None
+    if redraw:
+        kw = {"device": device, "batch_events": batch_events, "seed": seed}
+        draws = {"model": split_draws(generator, real_batch.conditions, **kw)}
     result = compare(
         real,
         {"model": model},
@@ -186,7 +186,7 @@ def evaluate_generator(
         seed=seed,
         ratio_target=ratio_target,
         fast=fast,
-        redraw={"model": draw} if redraw else None,
+        redraw=draws,
     )
     result["split"]["model_draws"] = "per split" if redraw else "one"
     result["throughput"] = speed.as_dict()
