@@ -164,8 +164,12 @@ def against_baseline(e: dict[str, float]) -> str:
 
 def floor_certain(e: dict[str, float], rel_err_max: float = FLOOR_REL_ERR_MAX) -> bool:
     """Whether an entry's floor is known to ``rel_err_max`` (relative standard error)."""
-    rel = e.get("floor_rel_err", float("nan"))
-    return bool(np.isfinite(rel) and rel <= rel_err_max)
+    return bool(_number(e.get("floor_rel_err")) <= rel_err_max)
+
+
+def _number(value: Any) -> float:
+    """A float, NaN for None (metrics.json writes NaN as null) or a non-finite value."""
+    return float(value) if value is not None and np.isfinite(value) else float("nan")
 
 
 def verdict(
@@ -409,12 +413,12 @@ def scored_entries(result: dict[str, Any]) -> list[tuple[str, dict[str, float]]]
     """(where, entry) of every overall and per-bin metric entry with a floor: what the median
     and worst ratio run over (the conditional means are summaries of the bins, not extra
     measurements)."""
-    out = [(m, e) for m, e in result["overall"].items()]
-    for var, info in result["binned"].items():
+    out = [(m, e) for m, e in result.get("overall", {}).items()]
+    for var, info in result.get("binned", {}).items():
         for row in info["bins"]:
             for m, e in (row["metrics"] or {}).items():
                 out.append((f"{m} @ {var} [{row['lo']:g}, {row['hi']:g})", e))
-    return [(w, e) for w, e in out if np.isfinite(e.get("floor", np.nan)) and e["floor"] > 0]
+    return [(w, e) for w, e in out if _number(e.get("floor")) > 0]
 
 
 def ratio_summary(result: dict[str, Any], key: str = "model") -> dict[str, Any]:

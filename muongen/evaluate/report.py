@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from muongen.evaluate.floors import floor_certain, scored_entries
 from muongen.evaluate.metrics import UNITS
 
 #: how the model was drawn (metrics.json's split.model_draws), as the report says it
@@ -171,6 +172,7 @@ def headline(result: dict[str, Any]) -> str:
         f"{s.get('n_floor_uncertain', 0)} floor uncertain (floor error above "
         f"{result['split'].get('floor_rel_err_max', 0.25):.0%}; no verdict)."
     )
+    text += uncertain_note(result)
     if s.get("n_floor_certain"):
         text += (
             f" Where the floor is known ({s['n_floor_certain']} metrics): median "
@@ -200,6 +202,45 @@ def headline(result: dict[str, Any]) -> str:
             )
         text += "."
     return text
+
+
+def uncertain_note(result: dict[str, Any]) -> str:
+    """A sentence on the metrics whose floor is not known (empty if none): how many could be
+    measured in fewer than two splits, the errors of the others, and how many times the
+    held-out showers would know those (errors fall as one over the root of the showers)."""
+    split = result.get("split", {})
+    rel_max = split.get("floor_rel_err_max", 0.25)
+    uncertain = [e for _, e in scored_entries(result) if not floor_certain(e, rel_max)]
+    if not uncertain:
+        return ""
+    rels = [e["floor_rel_err"] for e in uncertain if e.get("floor_rel_err") is not None]
+    rels = [r for r in rels if np.isfinite(r)]
+    unmeasured = len(uncertain) - len(rels)
+    if split.get("n_groups"):
+        unit, n_held = "showers", split["n_groups"]
+    else:
+        unit, n_held = "events", split.get("n_events", 0)
+    parts = []
+    if unmeasured:
+        parts.append(
+            f"{unmeasured} could be measured in fewer than two splits (their bins hold fewer "
+            f"than {split.get('min_events', 50)} events of their kind in a half)"
+        )
+    if rels:
+        errors = f"{min(rels):.0%}-{max(rels):.0%}" if len(rels) > 1 else f"{rels[0]:.0%}"
+        has = "has a floor error" if len(rels) == 1 else "have floor errors"
+        parts.append(f"{len(rels)} {has} of {errors}")
+    text = f" Of the {len(uncertain)} uncertain floors, " + " and ".join(parts) + ": "
+    if rels:
+        factor = (max(rels) / rel_max) ** 2
+        text += (
+            f"errors fall as 1 / sqrt({unit}), so about {factor:.1f}x the {n_held:,} held-out "
+            f"{unit} here would know the {len(rels)}"
+            + (", and more would give the others their splits" if unmeasured else "")
+        )
+    else:
+        text += f"more than the {n_held:,} held-out {unit} here would give them their splits"
+    return text + " (--events, more held-out files)."
 
 
 def _bin_table(var: str, info: dict[str, Any]) -> str:

@@ -365,11 +365,46 @@ def test_a_baseline_below_the_floor_is_named_and_still_never_lost_to():
     assert verdict(e, 3.0) == "pass; ties baseline"
 
 
+def test_the_headline_says_how_many_more_showers_would_know_the_uncertain_floors():
+    import json
+
+    from muongen.evaluate.report import headline, uncertain_note
+
+    def e(rel):
+        return {"floor": 0.1, "floor_rel_err": rel, "model": 0.1, "model_ratio": 1.0}
+
+    result = {
+        "summary": {"n_metrics": 4, "median_ratio": 1.0, "worst_ratio": 1.0, "worst": "a"},
+        "split": {"n_events": 50000, "n_groups": 1000, "min_events": 50},
+        "overall": {"a": e(0.1), "b": e(0.5), "c": e(0.4), "d": e(float("nan"))},
+        "binned": {},
+    }
+    note = uncertain_note(result)
+    # (0.5 / 0.25)^2 = 4 times the showers know both; "d" has no error (one split)
+    assert "Of the 3 uncertain floors, 1 could be measured in fewer than two splits" in note
+    assert "fewer than 50 events of their kind" in note
+    assert "2 have floor errors of 40%-50%" in note
+    assert "about 4.0x the 1,000 held-out showers here would know the 2" in note
+    assert note in headline(result)
+    # read back from metrics.json (NaN written as null): the same sentence
+    assert uncertain_note(json.loads(json.dumps(result).replace("NaN", "null"))) == note
+    # without shower groups the unit is the event; without an error, no factor
+    result["split"] = {"n_events": 50000, "min_events": 50}
+    result["overall"] = {"a": e(0.1), "d": e(None)}
+    note = uncertain_note(result)
+    assert "more than the 50,000 held-out events here would give them their splits" in note
+    assert "x the" not in note
+    result["overall"] = {"a": e(0.1), "b": e(0.3)}
+    assert "1 has a floor error of 30%" in uncertain_note(result)
+    result["overall"] = {"a": e(0.1)}
+    assert uncertain_note(result) == ""
+
+
 def test_the_headline_counts_where_the_model_is_worse_than_the_baseline():
     from muongen.evaluate.report import headline
 
     def row(verdict_text):
-        return {"metrics": {"m": {"verdict": verdict_text}}}
+        return {"lo": 0.0, "hi": 1.0, "metrics": {"m": {"verdict": verdict_text}}}
 
     result = {
         "summary": {"n_metrics": 4, "median_ratio": 1.1, "worst_ratio": 1.5, "worst": "m"},
