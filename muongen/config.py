@@ -128,6 +128,11 @@ class ModelConfig:
     round = round the mean (the original)."""
     mult_knots: int = 16
     """hurdle: knots of the quantile function of log10(N + 1) given N >= 1."""
+    mult_exact: int = 0
+    """hurdle: the counts 1..mult_exact get probabilities of their own, P(N = m | N >= m)
+    from an MLP (binary cross-entropy each), and the knots fit only N > mult_exact. The
+    knots alone put ~8-10% of the single-muon events of production showers at two or more
+    muons; 2 (the quality preset) takes that away (README, "The multiplicity head")."""
     mult_knot_z: float = 2.5
     """hurdle: the knots sit at the levels Phi(z), z evenly spaced in [-mult_knot_z,
     mult_knot_z]; beyond them the quantile function continues with exponential tails."""

@@ -41,14 +41,17 @@ def _checkpoint(tmp_path_factory, overrides: list[str]):
     return saved.manifest
 
 
-@pytest.fixture(scope="module", params=["xy", "radial", "xy-hurdle", "polar"])
+@pytest.fixture(scope="module", params=["xy", "radial", "xy-hurdle", "polar", "polar-hurdle2"])
 def small_checkpoint(request, tmp_path_factory):
     """Small checkpoints in both muon representations (xy: rotated bundles; radial: drawn
-    azimuths) with the lognormal multiplicity head, one with the hurdle head, and one with
-    the xy representation's polar head (log r and an azimuth per muon): every noise input
-    is used."""
+    azimuths) with the lognormal multiplicity head, one with the hurdle head, and with the
+    xy representation's polar head (log r and an azimuth per muon), once with the hurdle
+    head's exact probabilities of 1 and 2 muons (the quality preset's): every noise input
+    and every path of the heads is used."""
     representation, _, head = request.param.partition("-")
-    overrides = [f"model.multiplicity={head or 'lognormal'}"]
+    exact = head.removeprefix("hurdle") if head.startswith("hurdle") else ""
+    head = head.removesuffix(exact)
+    overrides = [f"model.multiplicity={head or 'lognormal'}", f"model.mult_exact={exact or 0}"]
     if representation == "polar":
         overrides += ["model.lateral_head=polar"]
     else:

@@ -157,7 +157,7 @@ class Generator(nn.Module):
         self.multiplicity_spread = None
         if cfg.multiplicity == "hurdle":
             self.multiplicity = HurdleMultiplicity(
-                nc, cfg.mult_hidden, cfg.mult_knots, cfg.mult_knot_z
+                nc, cfg.mult_hidden, cfg.mult_knots, cfg.mult_knot_z, cfg.mult_exact
             )
         else:
             self.multiplicity = mlp(nc, cfg.mult_hidden, 1, activation=nn.ELU)

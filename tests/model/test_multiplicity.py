@@ -66,6 +66,85 @@ def test_hurdle_draws_are_empty_exactly_where_the_uniform_falls_below_p0():
     torch.testing.assert_close(head.sample(c, z)[keep], want[keep])
 
 
+@torch.no_grad()
+def test_exact_counts_take_their_share_of_the_draw_and_the_knots_the_rest():
+    """mult_exact = 2: one muon exactly where v = (u - p0) / (1 - p0) < h_1, two where v
+    falls in the next (1 - h_1) h_2, and above that the quantile function at the level
+    left, (v - h_1 - (1 - h_1) h_2) / ((1 - h_1)(1 - h_2)), with at least 3 muons."""
+    torch.manual_seed(0)
+    head = HurdleMultiplicity(4, [16], 8, 2.5, n_exact=2)
+    head.zero[-1].bias.fill_(-0.5)
+    c, z = torch.randn(20000, 4), torch.randn(20000)
+    logit, knots = head.params(c)
+    p0, u = torch.sigmoid(logit), normal_cdf(z)
+    h = torch.sigmoid(head.exact(c))
+    v = (u - p0) / (1 - p0)
+    one = (u >= p0) & (v < h[:, 0])
+    two = (u >= p0) & ~one & (v < h[:, 0] + (1 - h[:, 0]) * h[:, 1])
+    y = head.sample(c, z)
+    counts = counts_from_log_mult(y)
+    assert torch.equal(counts == 0, u < p0)
+    assert torch.equal(counts == 1, one) and torch.equal(counts == 2, two)
+    assert one.sum() > 1000 and two.sum() > 500
+    rest = (u >= p0) & ~one & ~two
+    assert int(counts[rest].min()) == 3
+    left = (v - h[:, 0] - (1 - h[:, 0]) * h[:, 1]) / ((1 - h[:, 0]) * (1 - h[:, 1]))
+    want = interpolate_quantiles(knots, head.levels, left).clamp(min=math.log10(4.0))
+    # (float32: the level left is rescaled in two steps here, in one there)
+    torch.testing.assert_close(y[rest], want[rest], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(y[one], torch.full_like(y[one], math.log10(2.0)))
+    # without exact counts the head is as it was: the quantile function from one muon up
+    plain = HurdleMultiplicity(4, [16], 8, 2.5)
+    assert plain.exact is None and plain.lowest == ONE_MUON
+    assert "exact" not in "".join(plain.state_dict())
+
+
+def test_exact_counts_loss_adds_a_bce_per_count_and_leaves_them_out_of_the_pinball():
+    torch.manual_seed(1)
+    head = HurdleMultiplicity(4, [16], 6, 2.0, n_exact=2)
+    c = torch.randn(64, 4)
+    counts = torch.tensor([0, 1, 2, 3, 40, 1, 0, 7] * 8)
+    torch.manual_seed(5)
+    loss = head.loss(c, counts)
+    torch.manual_seed(5)
+    logit, knots = head.params(c)
+    y = torch.log10(counts + 0.5 + torch.rand(64)).unsqueeze(1)
+    t = head.levels
+    pin = torch.where(y >= knots, t * (y - knots), (1 - t) * (knots - y)).mean(1)
+    bce = torch.nn.functional.binary_cross_entropy_with_logits
+    want = bce(logit, (counts == 0).float()) + pin[counts > 2].mean()
+    exact = head.exact(c)
+    for m in (1, 2):
+        at = counts >= m
+        want = want + bce(exact[at, m - 1], (counts[at] == m).float())
+    torch.testing.assert_close(loss, want)
+
+
+def test_exact_counts_learn_the_probabilities_of_one_and_two_muons():
+    """Trained on negative-binomial counts of shape 1 at one condition (a geometric
+    distribution: P(N = m | N >= m) = 1 / (1 + mean) for every m), the exact counts'
+    draws come out at P(1 | N >= 1) and P(2 | N >= 1) of the data."""
+    g = torch.Generator().manual_seed(2)
+    torch.manual_seed(3)
+    gen, _ = build_models(small_model_config(multiplicity="hurdle", mult_exact=2))
+    opt = torch.optim.Adam(gen.multiplicity.parameters(), lr=5e-3)
+    cond = torch.zeros(512, 4)
+    mean = 2.0
+    for _ in range(300):
+        counts = _negative_binomial(torch.full((512,), mean), g)
+        loss = gen.multiplicity_loss(cond, counts)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        drawn = counts_from_log_mult(gen.sample_log_multiplicity(torch.zeros(40000, 4)))
+    some = drawn[drawn > 0]
+    p = 1.0 / (1.0 + mean)
+    assert abs(float((some == 1).float().mean()) - p) < 0.02
+    assert abs(float((some == 2).float().mean()) - p * (1 - p)) < 0.02
+    assert int(some.max()) > 10  # the knots carry the tail
+
+
 def test_hurdle_loss_is_the_bce_plus_the_mean_pinball_of_non_empty_events():
     torch.manual_seed(1)
     head = HurdleMultiplicity(4, [16], 6, 2.0)
