@@ -99,27 +99,6 @@ def test_exact_counts_take_their_share_of_the_draw_and_the_knots_the_rest():
     assert "exact" not in "".join(plain.state_dict())
 
 
-def test_exact_counts_loss_adds_a_bce_per_count_and_leaves_them_out_of_the_pinball():
-    torch.manual_seed(1)
-    head = HurdleMultiplicity(4, [16], 6, 2.0, n_exact=2)
-    c = torch.randn(64, 4)
-    counts = torch.tensor([0, 1, 2, 3, 40, 1, 0, 7] * 8)
-    torch.manual_seed(5)
-    loss = head.loss(c, counts)
-    torch.manual_seed(5)
-    logit, knots = head.params(c)
-    y = torch.log10(counts + 0.5 + torch.rand(64)).unsqueeze(1)
-    t = head.levels
-    pin = torch.where(y >= knots, t * (y - knots), (1 - t) * (knots - y)).mean(1)
-    bce = torch.nn.functional.binary_cross_entropy_with_logits
-    want = bce(logit, (counts == 0).float()) + pin[counts > 2].mean()
-    exact = head.exact(c)
-    for m in (1, 2):
-        at = counts >= m
-        want = want + bce(exact[at, m - 1], (counts[at] == m).float())
-    torch.testing.assert_close(loss, want)
-
-
 def test_exact_counts_learn_the_probabilities_of_one_and_two_muons():
     """Trained on negative-binomial counts of shape 1 at one condition (a geometric
     distribution: P(N = m | N >= m) = 1 / (1 + mean) for every m), the exact counts'
@@ -145,11 +124,14 @@ def test_exact_counts_learn_the_probabilities_of_one_and_two_muons():
     assert int(some.max()) > 10  # the knots carry the tail
 
 
-def test_hurdle_loss_is_the_bce_plus_the_mean_pinball_of_non_empty_events():
+@pytest.mark.parametrize("n_exact", [0, 2])
+def test_hurdle_loss_is_the_bces_plus_the_mean_pinball_above_the_exact_counts(n_exact):
+    """The BCE of "empty", one BCE of "N = m" over the events with N >= m per exact count
+    m, and the mean pinball loss over the events with N above the exact counts."""
     torch.manual_seed(1)
-    head = HurdleMultiplicity(4, [16], 6, 2.0)
+    head = HurdleMultiplicity(4, [16], 6, 2.0, n_exact=n_exact)
     c = torch.randn(64, 4)
-    counts = torch.tensor([0, 1, 3, 40] * 16)
+    counts = torch.tensor([0, 1, 2, 3, 40, 1, 0, 7] * 8)
     torch.manual_seed(5)
     loss = head.loss(c, counts)
     torch.manual_seed(5)
@@ -157,8 +139,12 @@ def test_hurdle_loss_is_the_bce_plus_the_mean_pinball_of_non_empty_events():
     y = torch.log10(counts + 0.5 + torch.rand(64)).unsqueeze(1)
     t = head.levels
     pin = torch.where(y >= knots, t * (y - knots), (1 - t) * (knots - y)).mean(1)
-    bce = torch.nn.functional.binary_cross_entropy_with_logits(logit, (counts == 0).float())
-    torch.testing.assert_close(loss, bce + pin[counts > 0].mean())
+    bce = torch.nn.functional.binary_cross_entropy_with_logits
+    want = bce(logit, (counts == 0).float()) + pin[counts > n_exact].mean()
+    for m in range(1, n_exact + 1):
+        at = counts >= m
+        want = want + bce(head.exact(c)[at, m - 1], (counts[at] == m).float())
+    torch.testing.assert_close(loss, want)
 
 
 def _negative_binomial(mean: torch.Tensor, g: torch.Generator) -> torch.Tensor:
