@@ -106,15 +106,8 @@ def test_exact_counts_learn_the_probabilities_of_one_and_two_muons():
     g = torch.Generator().manual_seed(2)
     torch.manual_seed(3)
     gen, _ = build_models(small_model_config(multiplicity="hurdle", mult_exact=2))
-    opt = torch.optim.Adam(gen.multiplicity.parameters(), lr=5e-3)
-    cond = torch.zeros(512, 4)
     mean = 2.0
-    for _ in range(300):
-        counts = _negative_binomial(torch.full((512,), mean), g)
-        loss = gen.multiplicity_loss(cond, counts)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    _fit_counts(gen, mean, g)
     with torch.no_grad():
         drawn = counts_from_log_mult(gen.sample_log_multiplicity(torch.zeros(40000, 4)))
     some = drawn[drawn > 0]
@@ -147,6 +140,24 @@ def test_hurdle_loss_is_the_bces_plus_the_mean_pinball_above_the_exact_counts(n_
     torch.testing.assert_close(loss, want)
 
 
+def _fit_counts(gen, mean: float, g: torch.Generator, lower_rate_from: int = 0) -> None:
+    """Train the generator's multiplicity head alone for 300 steps of 512 negative-binomial
+    counts at one condition (Adam at 5e-3; 5e-4 from step ``lower_rate_from`` when given)."""
+    opt = torch.optim.Adam(gen.multiplicity.parameters(), lr=5e-3)
+    if gen.multiplicity_spread is not None:
+        opt.add_param_group({"params": list(gen.multiplicity_spread.parameters())})
+    cond = torch.zeros(512, 4)
+    for i in range(300):
+        if lower_rate_from and i == lower_rate_from:
+            for group in opt.param_groups:
+                group["lr"] = 5e-4
+        counts = _negative_binomial(torch.full((512,), mean), g)
+        loss = gen.multiplicity_loss(cond, counts)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
 def _negative_binomial(mean: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     """Counts of a negative binomial of shape 1 (muongen synth's multiplicity family)."""
     rate = mean * torch.empty_like(mean).exponential_(generator=g)
@@ -158,23 +169,12 @@ def test_hurdle_head_fits_counts_a_lognormal_head_cannot(mean):
     """Both heads trained alike on negative-binomial counts at one condition: the hurdle
     gets P(0) right and its W1 of log10(N + 1) is well below the log-normal's."""
     g = torch.Generator().manual_seed(2)
-    cond = torch.zeros(512, 4)
     w1 = {}
     for mode in ("hurdle", "lognormal"):
         torch.manual_seed(3)
         gen, _ = build_models(small_model_config(multiplicity=mode))
-        opt = torch.optim.Adam(gen.multiplicity.parameters(), lr=5e-3)
-        if gen.multiplicity_spread is not None:
-            opt.add_param_group({"params": list(gen.multiplicity_spread.parameters())})
-        for i in range(300):
-            if i == 200:  # a lower rate at the end: less batch noise in the fitted knots
-                for group in opt.param_groups:
-                    group["lr"] = 5e-4
-            counts = _negative_binomial(torch.full((512,), mean), g)
-            loss = gen.multiplicity_loss(cond, counts)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+        # a lower rate at the end: less batch noise in the fitted knots
+        _fit_counts(gen, mean, g, lower_rate_from=200)
         with torch.no_grad():
             drawn = counts_from_log_mult(gen.sample_log_multiplicity(torch.zeros(10000, 4)))
         real = _negative_binomial(torch.full((10000,), mean), g)
