@@ -11,12 +11,15 @@ run put 0.919 and 0.916 of the single-muon share of held-out production showers)
 Printed for each held-out set: P(N <= k | N >= 1) of the data and the head's ratio to it
 (k = 1, 2, 3, 5, 9, 99: where the low counts' mass goes) and P(N = 0) of both, from the
 head's exact probabilities and its quantile function on a fine grid of levels (no draw
-noise). Prints figures; asserts nothing.
+noise), and by cos(zenith) the events with muons of the data against the sum of the
+head's P(N >= 1) (near the horizon P(N >= 1) falls steeply with the slant depth; compare
+--set model.slant_depth=true). Prints figures; asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import time
 
@@ -33,6 +36,8 @@ from muongen.train.step import lr_factor, make_optimizer
 
 #: P(N <= k | N >= 1) is printed at these k
 KS = (1, 2, 3, 5, 9, 99)
+#: the events with muons are compared in these bins of cos(zenith)
+COS_ZENITH_EDGES = (0.0, 0.17, 0.23, 0.31, 0.54, 1.0)
 
 
 def train_head(cfg, train, steps: int, seed: int) -> torch.nn.Module:
@@ -74,14 +79,17 @@ def train_head(cfg, train, steps: int, seed: int) -> torch.nn.Module:
 
 
 @torch.no_grad()
-def low_counts(generator, conditions: torch.Tensor, levels: int = 400) -> tuple[float, list[float]]:
-    """P(N = 0) and P(N <= k | N >= 1) for k in KS over the events' conditions: each
-    event's share of k or fewer muons weighted by its P(N >= 1), in blocks of events (the
-    quantile function on ``levels`` levels of every event at once would not fit)."""
+def low_counts(
+    generator, conditions: torch.Tensor, levels: int = 400
+) -> tuple[np.ndarray, list[float]]:
+    """Each event's P(N >= 1) and P(N <= k | N >= 1) for k in KS over the events'
+    conditions: each event's share of k or fewer muons weighted by its P(N >= 1), in
+    blocks of events (the quantile function on ``levels`` levels of every event at once
+    would not fit)."""
     head = generator.multiplicity
     c_all = generator.cond_norm(schema.condition_features(conditions))
     tau = (torch.arange(levels, dtype=torch.float64) + 0.5) / levels
-    p0_sum, some_sum, below_sum = 0.0, 0.0, np.zeros(len(KS))
+    some_all, below_sum = [], np.zeros(len(KS))
     for start in range(0, len(c_all), 2000):
         c = c_all[start : start + 2000]
         b = len(c)
@@ -104,9 +112,9 @@ def low_counts(generator, conditions: torch.Tensor, levels: int = 400) -> tuple[
             below = exact[:, min(k, head.n_exact)]
             below = below + above * (q < math.log10(k + 1.5)).double().mean(1)
             below_sum[i] += float((below * some).sum())
-        p0_sum += float(p0.sum())
-        some_sum += float(some.sum())
-    return p0_sum / len(c_all), list(below_sum / some_sum)
+        some_all.append(some.numpy())
+    some_all = np.concatenate(some_all)
+    return some_all, list(below_sum / some_all.sum())
 
 
 def main() -> None:
@@ -134,13 +142,20 @@ def main() -> None:
         n = held.counts
         some = n[n > 0]
         data = [float((some <= k).double().mean()) for k in KS]
-        p0, model = low_counts(generator, held.conditions)
+        some, model = low_counts(generator, held.conditions)
         ratio = np.array(model) / np.array(data)
         print(
-            f"{path}: P(N = 0) data {float((n == 0).double().mean()):.4f} head {p0:.4f}; "
-            f"P(N <= k | N >= 1) for k = {', '.join(map(str, KS))}: data {np.round(data, 4)}, "
-            f"head / data {np.round(ratio, 4)}"
+            f"{path}: P(N = 0) data {float((n == 0).double().mean()):.4f} head "
+            f"{1 - some.mean():.4f}; P(N <= k | N >= 1) for k = {', '.join(map(str, KS))}: "
+            f"data {np.round(data, 4)}, head / data {np.round(ratio, 4)}"
         )
+        cos_z = np.cos(held.conditions[:, 1].numpy())
+        with_muons = (n > 0).numpy()
+        cells = []
+        for lo, hi in itertools.pairwise(COS_ZENITH_EDGES):
+            sel = (cos_z >= lo) & (cos_z < hi)
+            cells.append(f"{lo:.2f}-{hi:.2f}: {with_muons[sel].sum()} vs {some[sel].sum():.1f}")
+        print(f"  events with muons by cos zenith, data vs head: {'; '.join(cells)}")
 
 
 if __name__ == "__main__":

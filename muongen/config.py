@@ -119,6 +119,13 @@ class ModelConfig:
     ~0.2 m at the demo physics' spread of ~7 m): nearer the axis the log radius flattens.
     0.01 made the quality preset's medians worse and its worst no better (2 seeds;
     README, "Presets")."""
+    slant_depth: bool = False
+    """Both models also see the slant depth, depth / cos(zenith) in km (cos clamped at
+    SLANT_MIN_COS), as a fifth condition feature: the muons' energy threshold grows
+    exponentially with it, so the log of the count falls about linearly in it, which the
+    four features (log E, cos zenith, log A, depth) give an MLP only as a product of two
+    inputs and a steep curve near the horizon. Off by default so that checkpoints
+    written before it keep their shapes (README, "The slant depth")."""
     max_generated_muons: int = 20000
     """Cap on the muons the generator makes for one event (protects memory; 0: no cap)."""
     multiplicity: Literal["lognormal", "hurdle", "round"] = "hurdle"

@@ -29,8 +29,9 @@ def _checkpoint(tmp_path_factory, overrides: list[str]):
     generator, _ = build_models(cfg.model)
     with torch.no_grad():
         set_multiplicity(generator, 0.8)
-        generator.cond_norm.mean.copy_(torch.tensor([0.5, 0.7, 0.6, 1.9]))
-        generator.cond_norm.std.copy_(torch.tensor([0.9, 0.2, 0.7, 0.5]))
+        slant = [4.0] if generator.cond_norm.slant else []  # the slant depth, km
+        generator.cond_norm.mean.copy_(torch.tensor([0.5, 0.7, 0.6, 1.9, *slant]))
+        generator.cond_norm.std.copy_(torch.tensor([0.9, 0.2, 0.7, 0.5, *[3.0] * len(slant)]))
         if generator.polar_norm is not None:  # log r around e^-4 x 500 m = 9 m
             generator.polar_norm.mean.copy_(torch.tensor([0.2, -4.0]))
             generator.polar_norm.std.copy_(torch.tensor([0.6, 1.1]))
@@ -41,17 +42,21 @@ def _checkpoint(tmp_path_factory, overrides: list[str]):
     return saved.manifest
 
 
-@pytest.fixture(scope="module", params=["xy", "radial", "xy-hurdle", "polar", "polar-hurdle2"])
+@pytest.fixture(
+    scope="module", params=["xy", "radial", "xy-hurdle", "polar", "polar-hurdle2-slant"]
+)
 def small_checkpoint(request, tmp_path_factory):
     """Small checkpoints in both muon representations (xy: rotated bundles; radial: drawn
     azimuths) with the lognormal multiplicity head, one with the hurdle head, and with the
     xy representation's polar head (log r and an azimuth per muon), once with the hurdle
-    head's exact probabilities of 1 and 2 muons (the quality preset's): every noise input
-    and every path of the heads is used."""
-    representation, _, head = request.param.partition("-")
+    head's exact probabilities of 1 and 2 muons and the slant depth among the conditions
+    (the quality preset's): every noise input and every path of the heads is used."""
+    param, slant = request.param.removesuffix("-slant"), request.param.endswith("-slant")
+    representation, _, head = param.partition("-")
     exact = head.removeprefix("hurdle") if head.startswith("hurdle") else ""
     head = head.removesuffix(exact)
     overrides = [f"model.multiplicity={head or 'lognormal'}", f"model.mult_exact={exact or 0}"]
+    overrides += [f"model.slant_depth={str(slant).lower()}"]
     if representation == "polar":
         overrides += ["model.lateral_head=polar"]
     else:
@@ -77,7 +82,7 @@ def test_physical_generator_replays_muongens_sampler(small_checkpoint, log_mult)
     counts, muons = module(cond, event, muon)
     ref = generate(generator, cond, seed=7)
     n = int(counts.sum())
-    assert n > 40 if log_mult > 0.5 else 0 < n < 40  # both of the generator's paths
+    assert n > 40 if log_mult > 0.5 else 0 < n < 40, n  # both of the generator's paths
     assert torch.equal(counts, ref.counts)
     torch.testing.assert_close(muons, ref.muons, rtol=1e-5, atol=1e-4)
 

@@ -34,7 +34,7 @@ def set_multiplicity(generator, log_mult: float) -> None:
     head = generator.multiplicity
     if generator.multiplicity_mode == "hurdle":
         head.knots[-1].bias[0] = max(log_mult, 0.3)
-        head.zero[-1].bias.fill_(-3.0 if log_mult > 0.5 else 1.5)
+        head.zero[-1].bias.fill_(-3.0 if log_mult > 0.5 else 2.0)
     else:
         head[-1].bias.fill_(log_mult)
 

@@ -24,7 +24,7 @@ from torch import nn
 from muongen import schema
 from muongen.config import ModelConfig
 from muongen.model.layers import leaky_relu, mlp, narrow_linear, split_linear
-from muongen.model.normaliser import Standardiser, muon_standardiser
+from muongen.model.normaliser import ConditionStandardiser, condition_dim, muon_standardiser
 from muongen.model.pooling import event_index_of, rows_of, segment_max, segment_mean
 
 
@@ -87,8 +87,8 @@ class Critic(_SetCritic):
         super().__init__()
         self.n_features = self._setup_inputs(cfg)
         self.pooling = cfg.pooling
-        nc = schema.N_CONDITION
-        self.cond_norm = Standardiser(nc)
+        nc = condition_dim(cfg)
+        self.cond_norm = ConditionStandardiser(cfg.slant_depth)
         width = cfg.critic_muon_hidden[-1]
         self.muon_net = mlp(
             self.n_features + nc,
@@ -145,9 +145,9 @@ class EpicCritic(_SetCritic):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.n_features = f = self._setup_inputs(cfg)
-        nc = schema.N_CONDITION
+        nc = condition_dim(cfg)
         local, wide = cfg.critic_local_width, cfg.critic_global_width
-        self.cond_norm = Standardiser(nc)
+        self.cond_norm = ConditionStandardiser(cfg.slant_depth)
         self.embed = nn.Linear(f, local)
         self.global_in = nn.Linear(2 * local + 2 * f + nc + 1, wide)
         self.layers = nn.ModuleList(_EpicLayer(local, wide, nc) for _ in range(cfg.critic_layers))

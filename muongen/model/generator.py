@@ -51,7 +51,12 @@ from muongen.model.layers import (
 )
 from muongen.model.losses import multiplicity_loss, multiplicity_nll
 from muongen.model.multiplicity import HurdleMultiplicity
-from muongen.model.normaliser import Standardiser, muon_standardiser
+from muongen.model.normaliser import (
+    ConditionStandardiser,
+    Standardiser,
+    condition_dim,
+    muon_standardiser,
+)
 from muongen.model.pooling import event_index_of
 
 #: muons per block of the local net without autograd on the CPU (Generator._local): a
@@ -149,8 +154,8 @@ class Generator(nn.Module):
         # which makes turning the bundle needless
         self.polar = cfg.representation == "xy" and cfg.lateral_head == "polar"
         self.rotate = cfg.representation == "xy" and cfg.lateral_rotate and not self.polar
-        nc = schema.N_CONDITION
-        self.cond_norm = Standardiser(nc)
+        nc = condition_dim(cfg)
+        self.cond_norm = ConditionStandardiser(cfg.slant_depth)
         self.muon_norm = muon_standardiser(cfg)
         # polar: [log E, r] standardised, r in log space (fitted by fit_normalisers)
         self.polar_norm = Standardiser(2, log_features=(1,)) if self.polar else None

@@ -101,10 +101,10 @@ class HurdleMultiplicity(nn.Module):
     log10(N + 0.5 + U) given N > M (module docstring).
 
     Attributes:
-        zero: MLP, standardised condition (B, 4) -> logit of P(N = 0) (B, 1).
-        exact: MLP, standardised condition (B, 4) -> logits of h_1..h_M (B, M); None
+        zero: MLP, standardised condition (B, C) -> logit of P(N = 0) (B, 1).
+        exact: MLP, standardised condition (B, C) -> logits of h_1..h_M (B, M); None
             where M = 0.
-        knots: MLP, standardised condition (B, 4) -> q_0 and K - 1 raw increments (B, K).
+        knots: MLP, standardised condition (B, C) -> q_0 and K - 1 raw increments (B, K).
         levels: buffer (K,) the knots' quantile levels.
         n_exact: M.
     """
@@ -134,7 +134,7 @@ class HurdleMultiplicity(nn.Module):
         return math.log10(self.n_exact + 2.0)
 
     def params(self, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Standardised condition (B, 4) -> logit p0 (B,) and increasing knots (B, K)."""
+        """Standardised condition (B, C) -> logit p0 (B,) and increasing knots (B, K)."""
         raw = self.knots(c)
         steps = F.softplus(raw[:, 1:])
         knots = torch.cat([raw[:, :1], raw[:, :1] + torch.cumsum(steps, dim=1)], dim=1)

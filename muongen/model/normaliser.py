@@ -114,6 +114,46 @@ class Standardiser(nn.Module):
         self.fitted.fill_(True)
 
 
+#: the least cos(zenith) the slant depth divides by (87 degrees): the files' zenith stops
+#: short of the horizon, and this keeps an odd row from an infinite feature
+SLANT_MIN_COS = 0.05
+
+
+class ConditionStandardiser(Standardiser):
+    """The condition features (B, 4), with the slant depth appended when asked for.
+
+    ``slant``: a fifth feature depth / cos(zenith) (km, cos clamped at SLANT_MIN_COS),
+    computed from the features' depth / 1000 m and cos(zenith) before standardising, so
+    every caller keeps passing the four condition features. Without it this is a plain
+    :class:`Standardiser` of 4 features (the same buffers: old checkpoints load).
+    """
+
+    def __init__(self, slant: bool = False) -> None:
+        super().__init__(schema.N_CONDITION + int(slant))
+        self.slant = slant
+
+    def extend(self, cond: torch.Tensor) -> torch.Tensor:
+        """(B, 4) condition features -> (B, 4 or 5) inputs of the standardisation."""
+        if not self.slant:
+            return cond
+        slant = cond[:, 3] / cond[:, 1].clamp(min=SLANT_MIN_COS)
+        return torch.cat([cond, slant.unsqueeze(-1)], dim=-1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(self.extend(x))
+
+    def inverse(self, z: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("conditions are inputs: they are never mapped back")
+
+    def fit(self, x: torch.Tensor) -> None:
+        super().fit(self.extend(x.to(self.mean.device, torch.float64)))
+
+
+def condition_dim(cfg: ModelConfig) -> int:
+    """How many standardised condition features the models' networks take."""
+    return schema.N_CONDITION + int(cfg.slant_depth)
+
+
 def muon_standardiser(cfg: ModelConfig) -> Standardiser:
     """The muon-feature standardiser the config asks for (the same for both models)."""
     n = schema.muon_feature_dim(cfg.representation)

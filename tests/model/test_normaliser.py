@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from muongen.data.batch import RaggedBatch
 from muongen.model import build_models
-from muongen.model.normaliser import Standardiser, fit_normalisers, normalisers_fitted
+from muongen import schema
+from muongen.model.normaliser import (
+    SLANT_MIN_COS,
+    ConditionStandardiser,
+    Standardiser,
+    fit_normalisers,
+    normalisers_fitted,
+)
 
 from .conftest import small_model_config
 
@@ -53,6 +61,55 @@ def test_fit_normalisers_shares_stats_and_travels_in_the_state_dict(ragged):
     assert normalisers_fitted(fresh)
     torch.testing.assert_close(fresh.muon_norm.mean, gen.muon_norm.mean)
     torch.testing.assert_close(fresh.muon_norm.scale, gen.muon_norm.scale)
+
+
+def test_the_slant_depth_is_depth_over_cos_zenith_standardised_with_the_rest():
+    # physical conditions [E, zenith, A, depth]; one row beyond SLANT_MIN_COS (89 degrees)
+    physical = torch.tensor(
+        [[1e5, 0.0, 1.0, 1450.0], [1e7, 1.2, 56.0, 2450.0], [1e6, 1.553, 4.0, 2000.0]],
+        dtype=torch.float64,
+    )
+    cond = schema.condition_features(physical)
+    norm = ConditionStandardiser(slant=True).double()
+    slant_km = physical[:, 3] / 1000 / torch.cos(physical[:, 1]).clamp(min=SLANT_MIN_COS)
+    torch.testing.assert_close(norm(cond), torch.cat([cond, slant_km[:, None]], 1))
+    assert slant_km[1] == pytest.approx(2.45 / 0.36236, rel=1e-4)  # 6.8 km at 69 degrees
+    norm.fit(cond)
+    z = norm(cond)
+    assert z.shape == (3, 5)
+    torch.testing.assert_close(z.mean(0), torch.zeros(5, dtype=torch.float64))
+    torch.testing.assert_close(z[:, 4], (slant_km - slant_km.mean()) / slant_km.std(correction=0))
+    # without it: the four features and the plain standardiser's buffers (old checkpoints)
+    plain = ConditionStandardiser(slant=False)
+    assert plain(cond.float()).shape == (3, 4)
+    assert {k: v.shape for k, v in plain.state_dict().items()} == {
+        k: v.shape for k, v in Standardiser(4).state_dict().items()
+    }
+
+
+def test_models_with_the_slant_depth_fit_and_use_five_condition_features(ragged):
+    torch.manual_seed(0)
+    gen, critic = build_models(small_model_config(slant_depth=True, multiplicity="hurdle"))
+    cond, muons, counts = ragged(b=40, seed=3)
+    cond[:, 1] = cond[:, 1].abs().clamp(0.1, 1.0)  # cos(zenith) of an atmospheric shower
+    fit_normalisers(gen, critic, RaggedBatch(cond, muons * 0.01, counts, None))
+    for model in (gen, critic):
+        assert model.cond_norm.mean.shape == (5,)
+        torch.testing.assert_close(
+            model.cond_norm.mean[4], (cond[:, 3] / cond[:, 1]).double().mean().float()
+        )
+    feat, n, _ = gen(cond)
+    assert feat.shape[0] == int(n.sum())
+    assert critic(feat, cond, n).shape == (40,)
+    # the fifth column is read, not only fitted: moving its standardisation moves the
+    # critic's scores and the generator's counts
+    with torch.no_grad():
+        scores = critic(muons, cond, counts)
+        params = gen.multiplicity.params(gen.cond_norm(cond))
+        for model in (gen, critic):
+            model.cond_norm.mean[4] += 3.0
+        assert not torch.allclose(critic(muons, cond, counts), scores)
+        assert not torch.allclose(gen.multiplicity.params(gen.cond_norm(cond))[0], params[0])
 
 
 def _heavy_tailed_lateral(n: int = 4000, seed: int = 0) -> torch.Tensor:
