@@ -139,7 +139,8 @@ class ModelConfig:
     """hurdle: the counts 1..mult_exact get probabilities of their own, P(N = m | N >= m)
     from an MLP (binary cross-entropy each), and the knots fit only N > mult_exact. The
     knots alone put ~8-10% of the single-muon events of production showers at two or more
-    muons; 2 (the quality preset) takes that away (README, "The multiplicity head")."""
+    muons; 2 takes that away (not in the quality preset yet: README, "The exact small
+    counts")."""
     mult_knot_z: float = 2.5
     """hurdle: the knots sit at the levels Phi(z), z evenly spaced in [-mult_knot_z,
     mult_knot_z]; beyond them the quantile function continues with exponential tails."""

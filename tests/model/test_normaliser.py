@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from muongen import schema
 from muongen.data.batch import RaggedBatch
 from muongen.model import build_models
-from muongen import schema
 from muongen.model.normaliser import (
     SLANT_MIN_COS,
     ConditionStandardiser,
