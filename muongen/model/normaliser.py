@@ -142,9 +142,6 @@ class ConditionStandardiser(Standardiser):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(self.extend(x))
 
-    def inverse(self, z: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError("conditions are inputs: they are never mapped back")
-
     def fit(self, x: torch.Tensor) -> None:
         super().fit(self.extend(x.to(self.mean.device, torch.float64)))
 
