@@ -168,15 +168,6 @@ class ModelConfig:
     1.47-1.96 against 1.54-3.23 with ``xy`` (the rich-only preset of 2026-11-25, 4 seeds x
     2 rich held-out sets; README, "The polar head"); ``xy`` by default so that older
     checkpoints keep their shape."""
-    radius_secant: bool = False
-    """``lateral_head: polar``: the generated distance to the axis is the per-muon net's
-    times sec(zenith) (1 / cos, cos clamped at SLANT_MIN_COS), and the polar standardiser
-    is fitted on r cos(zenith): a muon's lateral offset grows with its path from the
-    production height, h / cos(zenith), so the net learns the rest of the radius (its
-    transverse momentum over its energy), which varies less with zenith, instead of a
-    tenfold growth towards the horizon seen in few training events. The same parameters
-    as without (it changes the output's scale, not the networks); off by default (README,
-    "The radius at the horizon")."""
 
 
 @dataclass
@@ -431,14 +422,6 @@ def validate(cfg: Config) -> None:
             "model.lateral_head=polar is the xy representation's (the radial one has no x "
             f"and y; got model.representation={cfg.model.representation}): set "
             "model.lateral_head=xy or model.representation=xy"
-        )
-    if cfg.model.radius_secant and not (
-        cfg.model.lateral_head == "polar" and cfg.model.representation == "xy"
-    ):
-        raise ConfigError(
-            "model.radius_secant scales the polar head's radius (got model.lateral_head="
-            f"{cfg.model.lateral_head}, model.representation={cfg.model.representation}): "
-            "set model.lateral_head=polar or model.radius_secant=false"
         )
     t = cfg.train
     if t.cuda_graphs and (t.fake_counts != "real" or t.precision == "fp16"):

@@ -46,7 +46,6 @@ from muongen import __version__, schema
 from muongen.errors import ConfigError
 from muongen.model.generator import LOG_STD_MAX, LOG_STD_MIN
 from muongen.model.layers import split_linear
-from muongen.model.normaliser import SLANT_MIN_COS
 
 HELP = "write the generator (with its standardisers) as one TorchScript or ONNX file"
 FORMATS = ("torchscript", "onnx")
@@ -84,7 +83,6 @@ class PhysicalGenerator(nn.Module):
         self.rotate = bool(generator.rotate)
         self.polar = bool(getattr(generator, "polar", False))
         self.polar_norm = getattr(generator, "polar_norm", None)
-        self.radius_secant = bool(getattr(generator, "radius_secant", False))
 
     def forward(
         self, conditions: torch.Tensor, event_noise: torch.Tensor, muon_noise: torch.Tensor
@@ -115,9 +113,6 @@ class PhysicalGenerator(nn.Module):
         energy = schema.ENERGY_SCALE_GEV * torch.pow(10.0, feat[:, 0])
         if self.representation == "radial" or self.polar:
             r = feat[:, 1].abs() * schema.POSITION_SCALE_M
-            if self.radius_secant:  # as the generator: times each muon's sec(zenith)
-                sec = 1.0 / cond[:, 1].clamp(min=SLANT_MIN_COS)
-                r = r * sec.index_select(0, event_of).to(r.dtype)
             phi = noise[:, zl] * (2.0 * math.pi)
             x, y = r * torch.sin(phi), r * torch.cos(phi)
         else:

@@ -63,12 +63,6 @@ def test_bad_overrides_name_the_key(override, key):
     assert key in str(err.value)
 
 
-def test_the_radius_secant_needs_the_polar_head():
-    with pytest.raises(ConfigError, match=r"model\.radius_secant.*model\.lateral_head=polar"):
-        load_config("demo", ["model.radius_secant=true"])
-    assert load_config("quality", ["model.radius_secant=true"]).model.radius_secant
-
-
 def test_override_syntax_and_missing_file():
     with pytest.raises(ConfigError, match="key=value"):
         load_config(None, ["optim.lr_critic"])

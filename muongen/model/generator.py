@@ -56,7 +56,6 @@ from muongen.model.normaliser import (
     Standardiser,
     condition_dim,
     muon_standardiser,
-    radius_secants,
 )
 from muongen.model.pooling import event_index_of
 
@@ -160,8 +159,6 @@ class Generator(nn.Module):
         self.muon_norm = muon_standardiser(cfg)
         # polar: [log E, r] standardised, r in log space (fitted by fit_normalisers)
         self.polar_norm = Standardiser(2, log_features=(1,)) if self.polar else None
-        # polar: r = the net's r x sec(zenith) (polar_norm fitted on r cos(zenith))
-        self.radius_secant = self.polar and cfg.radius_secant
         self.multiplicity_spread = None
         if cfg.multiplicity == "hurdle":
             self.multiplicity = HurdleMultiplicity(
@@ -303,8 +300,7 @@ class Generator(nn.Module):
         z_local = _noise((n_muons, self.z_local), context, generator)
         out = self._local(context, z_local, counts)  # (N, F) standardised
         if self.polar:
-            sec = radius_secants(cond, counts, n_muons) if self.radius_secant else None
-            return self._polar(out, n_muons, generator, sec)
+            return self._polar(out, n_muons, generator)
         muons = self.muon_norm.inverse(out)  # radial: r = exp(...) > 0
         if not self.rotate:
             return muons
@@ -320,18 +316,13 @@ class Generator(nn.Module):
         return torch.stack([muons[:, 0], cos * x - sin * y, sin * x + cos * y], dim=1)
 
     def _polar(
-        self,
-        out: torch.Tensor,
-        n_muons: int,
-        generator: torch.Generator | None,
-        sec: torch.Tensor | None = None,
+        self, out: torch.Tensor, n_muons: int, generator: torch.Generator | None
     ) -> torch.Tensor:
         """(N, 2) standardised [log E, log r] -> (N, 3) [log E, x, y] features, each muon
-        turned by its own uniform azimuth (drawn after the per-muon noise); ``sec`` (N,):
-        each muon's sec(zenith), which multiplies r (``model.radius_secant``)."""
+        turned by its own uniform azimuth (drawn after the per-muon noise)."""
         energy_r = self.polar_norm.inverse(out)  # r = exp(...) > 0
         phi = (2.0 * torch.pi) * _uniform(n_muons, out, generator)
-        r = energy_r[:, 1] if sec is None else energy_r[:, 1] * sec.to(energy_r.dtype)
+        r = energy_r[:, 1]
         return torch.stack([energy_r[:, 0], r * torch.sin(phi), r * torch.cos(phi)], dim=1)
 
     def _local(

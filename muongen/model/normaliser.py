@@ -183,10 +183,7 @@ def fit_normalisers(generator: nn.Module, critic: nn.Module, batch: RaggedBatch)
         model.muon_norm.fit(batch.muons)
     polar = getattr(generator, "polar_norm", None)
     if polar is not None:
-        scale = None
-        if getattr(generator, "radius_secant", False):  # r cos(zenith): the net's part of r
-            scale = 1.0 / radius_secants(batch.conditions, batch.counts, batch.muons.shape[0])
-        polar.fit(polar_features(batch.muons, scale))
+        polar.fit(polar_features(batch.muons))
 
 
 #: polar_features' floor under r (x / 500 m units: 5 mm), so that a muon on the axis
@@ -194,18 +191,7 @@ def fit_normalisers(generator: nn.Module, critic: nn.Module, batch: RaggedBatch)
 POLAR_MIN_R = 1e-5
 
 
-def polar_features(muons: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
-    """(N, 3) [log E, x, y] features -> (N, 2) [log E, r], r = hypot(x, y) (>= POLAR_MIN_R);
-    with ``scale`` (N,), r times it (``model.radius_secant``: cos zenith of each muon)."""
-    r = torch.hypot(muons[:, 1], muons[:, 2])
-    if scale is not None:
-        r = r * scale.to(r.dtype)
-    return torch.stack([muons[:, 0], r.clamp(min=POLAR_MIN_R)], dim=1)
-
-
-def radius_secants(cond: torch.Tensor, counts: torch.Tensor, n_muons: int) -> torch.Tensor:
-    """(N,) sec(zenith) of each muon's event, 1 / max(cos, SLANT_MIN_COS), from the
-    condition features (B, 4) and counts (B,) of events whose muons come event after
-    event (``model.radius_secant``)."""
-    sec = 1.0 / cond[:, 1].clamp(min=SLANT_MIN_COS)
-    return torch.repeat_interleave(sec, counts, output_size=n_muons)
+def polar_features(muons: torch.Tensor) -> torch.Tensor:
+    """(N, 3) [log E, x, y] features -> (N, 2) [log E, r], r = hypot(x, y) (>= POLAR_MIN_R)."""
+    r = torch.hypot(muons[:, 1], muons[:, 2]).clamp(min=POLAR_MIN_R)
+    return torch.stack([muons[:, 0], r], dim=1)

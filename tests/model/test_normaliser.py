@@ -14,7 +14,6 @@ from muongen.model.normaliser import (
     Standardiser,
     fit_normalisers,
     normalisers_fitted,
-    polar_features,
 )
 
 from .conftest import small_model_config
@@ -111,32 +110,6 @@ def test_models_with_the_slant_depth_fit_and_use_five_condition_features(ragged)
             model.cond_norm.mean[4] += 3.0
         assert not torch.allclose(critic(muons, cond, counts), scores)
         assert not torch.allclose(gen.multiplicity.params(gen.cond_norm(cond))[0], params[0])
-
-
-def test_the_radius_secant_scales_each_radius_by_sec_zenith_and_fits_r_cos(ragged):
-    torch.manual_seed(0)
-    cfg = small_model_config(lateral_head="polar", multiplicity="hurdle")
-    gen, critic = build_models(small_model_config(**{**cfg.__dict__, "radius_secant": True}))
-    plain, _ = build_models(cfg)
-    cond, muons, counts = ragged(b=40, seed=4)
-    cond[:, 1] = cond[:, 1].abs().clamp(0.1, 1.0)  # cos(zenith) of atmospheric showers
-    cond[int(counts.nonzero()[0]), 1] = 0.02  # a muon's event below SLANT_MIN_COS
-    muons = muons * 0.01
-    fit_normalisers(gen, critic, RaggedBatch(cond, muons, counts, None))
-    sec = torch.repeat_interleave(1.0 / cond[:, 1].clamp(min=SLANT_MIN_COS), counts)
-    r_cos = torch.hypot(muons[:, 1], muons[:, 2]) / sec
-    torch.testing.assert_close(gen.polar_norm.mean[1], r_cos.double().log().mean().float())
-    torch.testing.assert_close(polar_features(muons, 1.0 / sec)[:, 1], r_cos)
-    # the same parameters and buffers as without (old shapes): the same net, r x sec
-    assert gen.state_dict().keys() == plain.state_dict().keys()
-    plain.load_state_dict(gen.state_dict())
-    with torch.no_grad():
-        a = gen.generate_with_counts(cond, counts, generator=torch.Generator().manual_seed(1))
-        b = plain.generate_with_counts(cond, counts, generator=torch.Generator().manual_seed(1))
-    torch.testing.assert_close(a[:, 0], b[:, 0])  # energies untouched
-    torch.testing.assert_close(torch.hypot(a[:, 1], a[:, 2]), torch.hypot(b[:, 1], b[:, 2]) * sec)
-    torch.testing.assert_close(torch.atan2(a[:, 1], a[:, 2]), torch.atan2(b[:, 1], b[:, 2]))
-    assert sec.max() == pytest.approx(1.0 / SLANT_MIN_COS) and sec.min() >= 1.0
 
 
 def _heavy_tailed_lateral(n: int = 4000, seed: int = 0) -> torch.Tensor:
