@@ -18,6 +18,8 @@ than the baseline never passes.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +35,8 @@ from muongen.evaluate.metrics import (
     default_edges,
     standardiser,
 )
+
+log = logging.getLogger(__name__)
 
 #: Condition variables the metrics are binned in by default.
 BIN_VARIABLES = ("log10_energy", "cos_zenith", "depth")
@@ -253,29 +257,34 @@ class Yardstick:
         rng = np.random.default_rng(seed)
         self.splits = [split_halves(real.n_events, rng, real.groups) for _ in range(n_splits)]
         self.refs = [self.real.take(ia) for ia, _ in self.splits]
-        self.floor = self.measure(self.real)
+        self.floor = self.measure(self.real, name="the floor (held-out against held-out)")
         self.baseline = None
         if baseline:
+            started = self._started("the condition-ignoring baseline")
             drawn = []
             for _, ib in self.splits:
                 half = real.take(ib)
                 drawn.append(self._digitised(baseline_for(half, half.conditions, rng)))
-            self.baseline = self._measure_halves(drawn)
+            self.baseline = self._measure_halves(drawn, "the condition-ignoring baseline", started)
 
     def _digitised(self, sample: EventSample) -> EventSample:
         return sample if self.grid is None else self.grid.digitise(sample)
 
-    def measure(self, candidate: EventSample) -> dict[str, Any]:
+    def measure(self, candidate: EventSample, name: str = "a candidate") -> dict[str, Any]:
         """Per-split values of every metric for ``candidate``, events aligned with the
-        held-out ones (generated for their primaries, in their order)."""
+        held-out ones (generated for their primaries, in their order); ``name`` is for the
+        progress lines."""
         if candidate.n_events != self.real.n_events or not np.array_equal(
             candidate.conditions, self.real.conditions
         ):
             raise ValueError("the candidate is not aligned with the real events (same primaries)")
+        started = self._started(name)
         candidate = self._digitised(candidate) if candidate is not self.real else candidate
-        return self._measure_halves([candidate.take(ib) for _, ib in self.splits])
+        return self._measure_halves([candidate.take(ib) for _, ib in self.splits], name, started)
 
-    def measure_draws(self, draw: Callable[[np.ndarray, int], EventSample]) -> dict[str, Any]:
+    def measure_draws(
+        self, draw: Callable[[np.ndarray, int], EventSample], name: str = "the model"
+    ) -> dict[str, Any]:
         """Per-split values of every metric for a candidate drawn anew in each split:
         ``draw(index, s)`` returns events generated for the primaries of the held-out
         events at ``index`` (half B of split ``s``), in that order, with noise of their own.
@@ -285,8 +294,9 @@ class Yardstick:
         Drawn in each split, the generator's noise averages down with the splits' and the
         error covers it (the floor's halves and the baseline's draws differ from split to
         split in the same way). Muons are binned on the grid made at construction (from
-        ``pool``: pass one draw of the candidate there)."""
+        ``pool``: pass one draw of the candidate there). ``name`` is for the progress lines."""
         halves = []
+        started = self._started(f"{name}, drawn anew in each split")
         for s, (_, ib) in enumerate(self.splits):
             half = draw(ib, s)
             if half.n_events != len(ib) or not np.array_equal(
@@ -294,10 +304,24 @@ class Yardstick:
             ):
                 raise ValueError(f"draw {s} is not aligned with its held-out half (same primaries)")
             halves.append(self._digitised(half))
-        return self._measure_halves(halves)
+        return self._measure_halves(halves, name, started)
 
-    def _measure_halves(self, halves: list[EventSample]) -> dict[str, Any]:
-        """{"overall": {metric: (K,)}, "bins": {var: [None or {metric: (K,)}] per bin}}."""
+    def _started(self, name: str) -> float:
+        """Log that ``name`` is being measured (long on big held-out sets); the time."""
+        log.info(
+            "measuring %s: %d metrics overall and in %d bins, %d splits",
+            name,
+            len(self.names),
+            sum(len(e) - 1 for e in self.bins.values()),
+            len(self.splits),
+        )
+        return time.perf_counter()
+
+    def _measure_halves(
+        self, halves: list[EventSample], name: str, started: float
+    ) -> dict[str, Any]:
+        """{"overall": {metric: (K,)}, "bins": {var: [None or {metric: (K,)}] per bin}};
+        logs how long measuring ``name`` took since ``started`` (:meth:`_started`)."""
         k_splits = len(self.splits)
         overall = {m: np.full(k_splits, np.nan) for m in self.names}
         per_bin = {
@@ -325,6 +349,7 @@ class Yardstick:
                         )
                         for m, v in values.items():
                             row[m][s] = v
+        log.info("measured %s in %.0f s", name, time.perf_counter() - started)
         return {"overall": overall, "bins": per_bin}
 
     def result(
@@ -527,7 +552,9 @@ def compare(
     if unknown:
         raise ValueError(f"redraw names no candidate: {sorted(unknown)}")
     measured = {
-        k: stick.measure_draws(redraw[k]) if k in redraw else stick.measure(c)
+        k: stick.measure_draws(redraw[k], name=f"the {k}")
+        if k in redraw
+        else stick.measure(c, name=f"the {k}")
         for k, c in candidates.items()
     }
     return stick.result(measured, ratio_target)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -132,3 +135,29 @@ def test_evaluate_draws_the_model_anew_in_each_split(tiny_generator, held_out):
     # the floor and the baseline do not depend on how the model is drawn
     for key in ("floor", "baseline"):
         assert per_split["overall"][name][key] == single["overall"][name][key]
+
+
+_BLAS_PROBE = """
+import os, sys
+from muongen import cli
+cli.limit_blas_threads(sys.argv[1])
+print(os.environ.get("OPENBLAS_NUM_THREADS", "unset"), "numpy" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize(
+    "verb, preset, expected",
+    [("evaluate", None, "1"), ("train", None, "unset"), ("sample", None, "unset"),
+     ("evaluate", "4", "4")],
+)  # fmt: skip
+def test_evaluate_runs_numpys_blas_on_one_thread_unless_told(verb, preset, expected):
+    """`muongen evaluate` sets OPENBLAS_NUM_THREADS=1 before numpy loads (its spare BLAS
+    threads only spin), other verbs leave it alone, and a value the user set stays."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if preset is not None:
+        env["OPENBLAS_NUM_THREADS"] = preset
+    out = subprocess.run(
+        [sys.executable, "-c", _BLAS_PROBE, verb],
+        env=env, capture_output=True, text=True, check=True, timeout=120,
+    ).stdout.split()  # fmt: skip
+    assert out == [expected, "False"]  # set before numpy was imported

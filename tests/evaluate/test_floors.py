@@ -140,6 +140,26 @@ def test_redraws_must_be_aligned_and_name_a_candidate(toy):
         compare(real, {"model": model}, n_splits=2, redraw={"other": draw})
 
 
+def test_compare_says_what_it_measures_and_how_long_it_took(toy, caplog):
+    """Each of the floor, the baseline and every candidate gets a line when its
+    measurement starts and one when it is done (a 2000000-row set takes minutes)."""
+    real = toy(300, seed=0)
+    model = toy(300, seed=1, conditions=real.conditions)
+    other = toy(300, seed=2, conditions=real.conditions)
+
+    def draw(index, split):
+        return toy(len(index), seed=10 + split, conditions=real.conditions[index])
+
+    with caplog.at_level("INFO", logger="muongen.evaluate.floors"):
+        compare(real, {"model": model, "other": other}, n_splits=2, redraw={"model": draw})
+    lines = [r.getMessage() for r in caplog.records]
+    for name in ("the floor", "the condition-ignoring baseline", "the model", "the other"):
+        assert sum(m.startswith(f"measuring {name}") for m in lines) == 1, (name, lines)
+        assert sum(m.startswith(f"measured {name}") for m in lines) == 1, (name, lines)
+    assert any("drawn anew in each split" in m for m in lines)
+    assert all(m.endswith(" s") for m in lines if m.startswith("measured "))
+
+
 def test_perfect_model_sits_at_the_floor_and_bad_model_fails(toy):
     real = toy(6000, seed=0)
     good = toy(6000, seed=1, conditions=real.conditions)  # same physics, same primaries
