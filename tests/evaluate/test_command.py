@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from muongen.cli import main
 from muongen.errors import ConfigError
@@ -117,6 +118,35 @@ def test_evaluate_keeps_the_metrics_when_the_plots_fail(
     assert data["summary"]["median_ratio"] > 0
     assert "| metric" in (out / "report.md").read_text()
     assert not list(out.glob("*.png"))
+
+
+def test_evaluate_generates_on_its_threads_and_gives_the_rest_back(
+    tmp_path, tiny_checkpoint, held_out, capsys, monkeypatch
+):
+    """--threads N sets torch's threads while evaluate runs (what the generator sees)
+    and restores the caller's count after; a negative count is a user error."""
+    from muongen.evaluate import command
+
+    seen = []
+    real_generate = command.evaluate_generator
+
+    def spy(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real_generate(*args, **kwargs)
+
+    monkeypatch.setattr(command, "evaluate_generator", spy)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        argv = ["evaluate", "--checkpoint", str(tiny_checkpoint), "--data", str(held_out)]
+        argv += ["--n-splits", "2", "--device", "cpu", "--out", str(tmp_path / "e")]
+        assert main(argv) == 0  # default: one thread
+        assert main([*argv, "--threads", "0"]) == 0  # torch's own count, left alone
+        assert seen == [1, 2] and torch.get_num_threads() == 2
+        assert main([*argv, "--threads", "-1"]) != 0
+        assert "--threads >= 0" in capsys.readouterr().err
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_evaluate_draws_the_model_anew_in_each_split(tiny_generator, held_out):
