@@ -260,12 +260,13 @@ class Yardstick:
         self.floor = self.measure(self.real, name="the floor (held-out against held-out)")
         self.baseline = None
         if baseline:
-            started = self._started("the condition-ignoring baseline")
+            name = "the condition-ignoring baseline"
+            started = self._started(name)
             drawn = []
             for _, ib in self.splits:
                 half = real.take(ib)
                 drawn.append(self._digitised(baseline_for(half, half.conditions, rng)))
-            self.baseline = self._measure_halves(drawn, "the condition-ignoring baseline", started)
+            self.baseline = self._measure_halves(drawn, name, started)
 
     def _digitised(self, sample: EventSample) -> EventSample:
         return sample if self.grid is None else self.grid.digitise(sample)
