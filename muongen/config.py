@@ -78,7 +78,7 @@ class ModelConfig:
     context: int = 128
     """Width of the generator's event context. 128 (256 until 2026-11): at the quality
     preset as faithful on two training seeds x three held-out sets, and a ~5% faster
-    rich-mix step on the CPU (README, "Presets"). A checkpoint keeps its own width."""
+    rich-mix step on the CPU (docs/fidelity.md). A checkpoint keeps its own width."""
     global_hidden: list[int] = field(default_factory=lambda: [256])
     """Hidden widths of the generator's global network before its context layer
     ([z_global + 5 -> global_hidden... -> context]; the original's is [128])."""
@@ -93,16 +93,16 @@ class ModelConfig:
     pooling: Literal["amax", "mean"] = "amax"
     """How the pointnet critic pools muons per event."""
     critic: Literal["pointnet", "epic"] = "epic"
-    """The critic: epic (default) = EPiC-style, muons and their event exchange information
+    """The critic": epic (default) = EPiC-style, muons and their event exchange information
     in residual layers, so it judges the distribution inside a bundle; pointnet = the
-    original's (per-muon MLP, one pooling, event head). Measured (README, "The critic"):
+    original's (per-muon MLP, one pooling, event head). Measured (docs/fidelity.md, "The critic"):
     the quality preset at 5500 steps on two seeds, median ratio to the floor 2.03-2.29
     and worst 9.9-14.7 with epic (1 layer) against 2.10-2.45 and 11.7-26.5 with pointnet."""
     critic_local_width: int = 32
     """EPiC critic: width of each muon's vector."""
     critic_global_width: int = 64
     """EPiC critic: width of each event's vector (128 measured no better, and slower; 32
-    gives a 1.1-1.2x faster step but a worse pooled muon radius: README, "Presets")."""
+    gives a 1.1-1.2x faster step but a worse pooled muon radius: docs/fidelity.md)."""
     critic_layers: int = 1
     """EPiC critic: muon <-> event exchange layers (2 measured no better, and slower)."""
     critic_log_radius: bool = False
@@ -112,20 +112,20 @@ class ModelConfig:
     space): a critic Lipschitz in x and y alone can tell little about the radii of the
     muons closest to the axis, which log-radius metrics weigh as much as the far ones.
     The presets turn it on (quality preset, 2 seeds x 2 rich held-out sets: worst ratio to
-    the floor 1.8-3.6 against 3.6-5.0 without it; README, "Presets"); off by default so
+    the floor 1.8-3.6 against 3.6-5.0 without it; docs/fidelity.md); off by default so
     that checkpoints written before it keep their critic's shape."""
     critic_log_radius_floor: float = 0.03
     """The floor under the critic's log radius, in standardised x and y units (0.03 is
     ~0.2 m at the demo physics' spread of ~7 m): nearer the axis the log radius flattens.
     0.01 made the quality preset's medians worse and its worst no better (2 seeds;
-    README, "Presets")."""
+    docs/fidelity.md)."""
     slant_depth: bool = False
     """Both models also see the slant depth, depth / cos(zenith) in km (cos clamped at
     SLANT_MIN_COS), as a fifth condition feature: the muons' energy threshold grows
     exponentially with it, so the log of the count falls about linearly in it, which the
     four features (log E, cos zenith, log A, depth) give an MLP only as a product of two
     inputs and a steep curve near the horizon. Off by default so that checkpoints
-    written before it keep their shapes (README, "The slant depth")."""
+    written before it keep their shapes (docs/fidelity.md, "The slant depth")."""
     max_generated_muons: int = 20000
     """Cap on the muons the generator makes for one event (protects memory; 0: no cap)."""
     multiplicity: Literal["lognormal", "hurdle", "round"] = "hurdle"
@@ -139,7 +139,7 @@ class ModelConfig:
     """hurdle: the counts 1..mult_exact get probabilities of their own, P(N = m | N >= m)
     from an MLP (binary cross-entropy each), and the knots fit only N > mult_exact. The
     knots alone put ~8-10% of the single-muon events of production showers at two or more
-    muons; 2 takes that away (not in the quality preset yet: README, "The exact small
+    muons; 2 takes that away (not in the quality preset yet: docs/fidelity.md, "The exact small
     counts")."""
     mult_knot_z: float = 2.5
     """hurdle: the knots sit at the levels Phi(z), z evenly spaced in [-mult_knot_z,
@@ -166,7 +166,7 @@ class ModelConfig:
     decays (a correlation of the azimuths within a bundle cannot be learnt). The critic and
     the data are unchanged (xy). The quality preset turns it on: worst ratio to the floor
     1.47-1.96 against 1.54-3.23 with ``xy`` (the rich-only preset of 2026-11-25, 4 seeds x
-    2 rich held-out sets; README, "The polar head"); ``xy`` by default so that older
+    2 rich held-out sets; docs/fidelity.md, "The polar head"); ``xy`` by default so that older
     checkpoints keep their shape."""
 
 
@@ -207,7 +207,7 @@ class OptimConfig:
     gp_norm: Literal["muon", "event"] = "muon"
     """Gradient norm penalised: per paired muon (the original's) or per event's paired set.
     The quality preset uses event: median ratio to the floor 1.34-1.57 against 1.62-1.79
-    with muon (15000 steps, 2 seeds, 2 held-out sets; README, "Presets")."""
+    with muon (15000 steps, 2 seeds, 2 held-out sets; docs/fidelity.md)."""
     event_weight: Literal["none", "log", "sqrt"] = "none"
     """Weight of each event in the critic's and the generator's WGAN losses: none (every
     event alike, the original's), log = log(1 + N) or sqrt = sqrt(N), normalised to mean 1
@@ -218,7 +218,7 @@ class OptimConfig:
     unweighted. The quality preset uses log: median ratio to the floor 1.10-1.21, worst
     4.4-7.2 against 1.16-1.34 and 6.0-7.7 with none (15000 steps, 2 seeds, 2 held-out
     sets); sqrt moved the worst bins from big shallow bundles to small deep ones and the
-    medians up (1.08-1.17 against 1.05-1.09 with log at 20000 steps; README, "Presets")."""
+    medians up (1.08-1.17 against 1.05-1.09 with log at 20000 steps; docs/fidelity.md)."""
     mult_weight: float = 1.0
     """Weight of the multiplicity loss in the generator loss (MSE for round, NLL for
     lognormal, BCE plus pinball loss for hurdle)."""
@@ -243,7 +243,7 @@ class TrainConfig:
     """torch.compile the generator and the critic's WGAN terms (the gradient penalty's
     double backward stays uncompiled): true, false, or ``cuda`` (on a CUDA device only;
     ``production-a100``'s setting: with CUDA graphs an H200 step of 48k events took 23.0
-    ms against 33.5, README "On a GPU", while on a 2-core CPU the compiled step was
+    ms against 33.5, docs/speed.md, "On a GPU", while on a 2-core CPU the compiled step was
     slower than the eager one). Needs a C compiler on the host (and triton on CUDA);
     without one the step runs uncompiled, with a warning, as does code whose compilation
     fails (torch logs the error)."""
@@ -252,7 +252,7 @@ class TrainConfig:
     one per core). The step's operations are small and the data pipeline runs in the same
     process: on a 2-core machine one shard on 2 threads trained the quality preset no
     faster than on 1 thread (2026-11-26); 2 shards of 1 thread each (``step_shards``) took
-    13-16% less time a step (README, "Shards on the CPU"). The demo uses 1; the quality
+    13-16% less time a step (docs/speed.md, "Shards on the CPU"). The demo uses 1; the quality
     preset 2, in 2 shards."""
     cpu_keep_memory: bool = True
     """On the CPU, ask glibc's malloc to keep freed memory in the process instead of
@@ -267,7 +267,7 @@ class TrainConfig:
     penalty's pairs, drawn once per batch) is the whole batch's, so for the same draws a
     sharded step makes the unsharded step's update. The step's operations are too small
     for torch's intra-op threads (a second thread made it ~8% faster on 2 cores, two
-    shards 9-27% on the shared bench's rich batch; README, "Shards on the CPU").
+    shards 9-27% on the shared bench's rich batch; docs/speed.md, "Shards on the CPU").
     0: auto, 2 when torch has 2 or more threads on the CPU, else 1 (and 1 off the CPU,
     where the device runs ahead of Python, and with ``compile``)."""
     fake_counts: Literal["real", "predicted"] = "real"
@@ -281,7 +281,7 @@ class TrainConfig:
     Needs ``fake_counts: real``, fp32 or bf16; applies to single-process runs with
     ``optim.optimizer: adam`` (with DDP or SGD the step runs as usual). Faster where the
     host bounds the step (few muons per batch: 6-7x on an H200), no faster where the GPU
-    does (README, "On a GPU")."""
+    does (docs/speed.md, "On a GPU")."""
     cuda_graphs_max: int = 64
     """At most this many recorded graphs (padded shapes x penalty patterns; none either
     while less than a quarter of the GPU's memory is free); a batch of another shape then

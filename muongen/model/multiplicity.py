@@ -26,7 +26,7 @@ unbounded but finite, and a few events sample beyond the outer knots as the data
   and the pinball-fitted knots, linear between levels, put ~8-10% of the single-muon
   events at two muons or more (measured on held-out production showers: P(N = 1 | N >=
   1) 0.45 against 0.49; 32 or 64 knots did not change it, exact probabilities for N = 1
-  and 2 did: 0.48; README, "The multiplicity head").
+  and 2 did: 0.48; docs/fidelity.md, "The multiplicity head").
 
 Sampling takes one N(0, 1) draw per event, as the log-normal head does (the exported
 generator's ``event_noise[:, 0]``): u = Phi(z); the event is empty where u < p0, else

@@ -206,7 +206,7 @@ class _Cut:
 #: in-process A/B on 2 cores (2026-11-26), against one shard on 2 threads: 1.13x slower
 #: at ~1000 and ~1900 per shard, even at ~2900, 0.87-0.99x above; the quality preset's
 #: batches (median 6064, 5th percentile 3811) took 13-16% less time a step cut at 2048
-#: than on one thread (README, "Shards on the CPU")
+#: than on one thread (docs/speed.md, "Shards on the CPU")
 SHARD_MIN_COST = 2048
 
 #: one shard's share of a step: its scored events and their weights (shares of the batch)
@@ -572,7 +572,7 @@ class GanStep:
         lam: float,
         k: int,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The critic loss, mean D(fake) - mean D(real) + lambda GP, of one shard's events.
+        """The critic" loss, mean D(fake) - mean D(real) + lambda GP, of one shard's events.
 
         With the real counts the real and the fake set are scored in one critic call, as
         one set of 2B' events (:meth:`_Scored.both_sets`; a copy of the fake muons' few
