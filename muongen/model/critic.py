@@ -23,7 +23,7 @@ from torch import nn
 
 from muongen import schema
 from muongen.config import ModelConfig
-from muongen.model.layers import leaky_relu, mlp, narrow_linear, split_linear
+from muongen.model.layers import Linear, leaky_relu, mlp, narrow_linear, split_linear
 from muongen.model.normaliser import ConditionStandardiser, condition_dim, muon_standardiser
 from muongen.model.pooling import event_index_of, rows_of, segment_max, segment_mean
 
@@ -148,8 +148,8 @@ class EpicCritic(_SetCritic):
         nc = condition_dim(cfg)
         local, wide = cfg.critic_local_width, cfg.critic_global_width
         self.cond_norm = ConditionStandardiser(cfg.slant_depth)
-        self.embed = nn.Linear(f, local)
-        self.global_in = nn.Linear(2 * local + 2 * f + nc + 1, wide)
+        self.embed = Linear(f, local)
+        self.global_in = Linear(2 * local + 2 * f + nc + 1, wide)
         self.layers = nn.ModuleList(_EpicLayer(local, wide, nc) for _ in range(cfg.critic_layers))
         # no output bias: a constant offset cancels in every WGAN loss and in the GP
         self.head = mlp(wide + nc, [wide], 1, activation=leaky_relu, out_bias=False)
@@ -198,10 +198,10 @@ class _EpicLayer(nn.Module):
 
     def __init__(self, local: int, wide: int, n_cond: int) -> None:
         super().__init__()
-        self.local_in = nn.Linear(wide + local, local)  # [g of the event, phi], split
-        self.local_out = nn.Linear(local, local)
-        self.global_in = nn.Linear(wide + 2 * local + n_cond, wide)
-        self.global_out = nn.Linear(wide, wide)
+        self.local_in = Linear(wide + local, local)  # [g of the event, phi], split
+        self.local_out = Linear(local, local)
+        self.global_in = Linear(wide + 2 * local + n_cond, wide)
+        self.global_out = Linear(wide, wide)
 
     def forward(
         self,

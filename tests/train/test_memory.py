@@ -16,7 +16,8 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gl
 
 # a few steps of the production model on a batch of 4096 events with ~3 muons each (per-muon
 # activations of 1-6 MiB, as on the shared step bench), then the page faults per step in four
-# windows of two steps each
+# windows of two steps each; torch's BLAS for the products (train.cpu_matmul=blas): on one
+# thread the step would take oneDNN, whose calls fault ~20 pages each whatever malloc keeps
 FAULTS_PER_STEP = """
 import resource, sys, torch
 from muongen.config import load_config
@@ -31,7 +32,8 @@ muons = torch.cat([-1 + 0.5 * torch.randn(n, 1, generator=gen),
                    0.01 * torch.randn(n, 2, generator=gen)], 1)
 cond = torch.rand(4096, 4, generator=gen)
 cfg = load_config("production-a100", ["train.device=cpu", "train.precision=fp32",
-                  "optim.n_critic=2", "train.cpu_keep_memory=" + sys.argv[1]])
+                  "optim.n_critic=2", "train.cpu_matmul=blas",
+                  "train.cpu_keep_memory=" + sys.argv[1]])
 torch.manual_seed(0)
 step = GanStep(*build_models(cfg.model), cfg.optim, cfg.train, "cpu")
 batch = [RaggedBatch(cond, muons, counts)]

@@ -293,7 +293,8 @@ def test_compile_applies_where_asked_and_possible(monkeypatch, caplog):
 
 def test_a_failed_compilation_runs_the_step_uncompiled(monkeypatch):
     """A backend that fails (as inductor does without libcuda or a working compiler) is
-    logged by torch and the step runs eagerly: the uncompiled step's very numbers."""
+    logged by torch and the step runs eagerly: the uncompiled step's very numbers (both
+    with torch's BLAS: a compiled step never takes oneDNN, train.cpu_matmul)."""
     import torch._dynamo
 
     from muongen.train import step as step_mod
@@ -308,7 +309,8 @@ def test_a_failed_compilation_runs_the_step_uncompiled(monkeypatch):
     results = []
     for compile_ in (False, True):
         gen, critic = small_models()
-        step = GanStep(gen, critic, OptimConfig(n_critic=1), TrainConfig(compile=compile_), "cpu")
+        train_cfg = TrainConfig(compile=compile_, cpu_matmul="blas")
+        step = GanStep(gen, critic, OptimConfig(n_critic=1), train_cfg, "cpu")
         assert step.compiled is compile_
         torch.manual_seed(4)
         results.append((step(micro()), params(gen) + params(critic)))
