@@ -270,18 +270,15 @@ class TrainConfig:
     shards 9-27% on the shared bench's rich batch; docs/speed.md, "Shards on the CPU").
     0: auto, 2 when torch has 2 or more threads on the CPU, else 1 (and 1 off the CPU,
     where the device runs ahead of Python, and with ``compile``)."""
-    cpu_matmul: Literal["auto", "onednn", "blas"] = "auto"
-    """Which library runs the model's fp32 matrix products on the CPU
-    (:func:`muongen.model.layers.linear`): ``blas`` is torch's own (MKL in its x86 wheels,
-    which runs its AVX2 kernels on AMD processors); ``onednn`` runs every product and its
-    backward through oneDNN (2x MKL's speed on an AVX-512 AMD EPYC, 2026-11-28), but a
-    product under autograd then costs a Python function in the backward, which the step's
-    shards contend for under the GIL; ``auto``: oneDNN for the products outside autograd
-    (the critic's fakes, sampling, evaluation) and, when the step runs as one shard on one
-    thread (the demo, a torchrun rank), for those under it too. Measured on the shared
-    bench's rich batch (docs/speed.md, "oneDNN"): in 2 shards ``auto`` 0.148-0.162 s a step
-    against ``blas`` 0.164-0.178 and ``onednn`` 0.20-0.22; on one thread ``onednn`` 0.217
-    against 0.248. Process-wide; where the build has no oneDNN, ``blas``."""
+    cpu_matmul: Literal["onednn", "blas"] = "onednn"
+    """Which library runs the model's fp32 matrix products outside autograd on the CPU (the
+    critic's fake sets, sampling, evaluation; :func:`muongen.model.layers.linear`):
+    ``onednn`` or ``blas``, torch's own (MKL in its x86 wheels, which runs its AVX2 kernels
+    on AMD processors; oneDNN ran this model's products 2x faster on an AVX-512 AMD EPYC,
+    2026-11-28). Under autograd the products are torch's own either way: through oneDNN
+    there they cost a Python backward per product, which made the step in 2 shards 20-30%
+    slower (docs/speed.md, "oneDNN"). Process-wide; ``blas`` where the build has no
+    oneDNN."""
     fake_counts: Literal["real", "predicted"] = "real"
     """Muons per fake event in training: the real event's count, or the head's prediction."""
     cuda_graphs: bool = False

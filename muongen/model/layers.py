@@ -14,40 +14,38 @@ from muongen.model.pooling import rows_of
 #: this torch build)
 _ONEDNN_LINEAR = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
 _HAS_ONEDNN = _ONEDNN_LINEAR is not None and torch.backends.mkldnn.is_available()
-#: where :func:`linear` takes oneDNN: outside autograd ("forward"), also under it ("all"),
-#: or never ("none")
-_onednn = {"mode": "forward" if _HAS_ONEDNN else "none"}
+_onednn = {"on": _HAS_ONEDNN}
+#: below this many rows a product is torch's own (oneDNN's call costs ~10 us more)
+ONEDNN_MIN_ROWS = 256
 
 
-def use_onednn(mode: str) -> str:
-    """Where :func:`linear` runs fp32 products on the CPU through oneDNN: ``"all"``,
-    ``"forward"`` (outside autograd only: the default) or ``"none"`` (torch's BLAS).
-    Process-wide; the training step sets it from ``train.cpu_matmul``. Returns the mode now
-    in force (``"none"`` where the build has no oneDNN)."""
-    if mode not in ("all", "forward", "none"):
-        raise ValueError(f"oneDNN mode {mode!r}: expected all, forward or none")
-    _onednn["mode"] = mode if _HAS_ONEDNN else "none"
-    return _onednn["mode"]
+def use_onednn(on: bool) -> bool:
+    """Whether :func:`linear` runs fp32 products outside autograd on the CPU through oneDNN
+    (the default where the build has it) or torch's BLAS. Process-wide; the training step
+    sets it from ``train.cpu_matmul``. Returns the setting now in force (False where the
+    build has no oneDNN)."""
+    _onednn["on"] = bool(on) and _HAS_ONEDNN
+    return _onednn["on"]
 
 
-def onednn_mode() -> str:
-    """Where :func:`linear` takes oneDNN now (see :func:`use_onednn`)."""
-    return _onednn["mode"]
+def onednn_in_use() -> bool:
+    """Whether :func:`linear` takes oneDNN for fp32 CPU products outside autograd now."""
+    return _onednn["on"]
 
 
 def _takes_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether :func:`linear` runs ``x @ weight.T`` through oneDNN, now."""
-    mode = _onednn["mode"]
-    if mode == "none" or (mode == "forward" and torch.is_grad_enabled()):
-        return False
     return (
-        not torch.jit.is_tracing()
+        _onednn["on"]
+        and not torch.is_grad_enabled()
+        and not torch.jit.is_tracing()
         and not torch.jit.is_scripting()
         and not torch.compiler.is_compiling()
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
         and x.dim() == 2
+        and x.shape[0] >= ONEDNN_MIN_ROWS
         and x.shape[1] > 0
         and not torch.is_autocast_enabled("cpu")
     )
@@ -61,24 +59,19 @@ def linear(
 ) -> torch.Tensor:
     """``x @ weight.T + bias (+ add)``, as ``nn.functional.linear``, for 2-D ``x``.
 
-    On the CPU in fp32 the product can run through oneDNN's inner product instead of
-    torch's BLAS (:func:`use_onednn`; by default outside autograd only): the MKL in torch's
-    CPU wheels runs its AVX2 kernels on AMD processors, oneDNN its AVX-512 ones, and on
-    such a CPU (AMD EPYC, 2026-11-28, one thread) oneDNN ran this model's products at
-    180-240 GFLOPS against MKL's 90-100 (docs/speed.md, "oneDNN"). The same value to fp32
-    rounding, and differentiable to any order: under autograd (mode ``"all"``) the
-    backward's products go through this function again, so the penalty's double backward
-    takes oneDNN too. Elsewhere (a GPU, bf16, autocast, tracing for export,
-    torch.compile, an empty inner dimension, mode ``"none"``) it is
-    ``nn.functional.linear``. ``add`` (N, out), when given, is added to the result (in the
-    product's own pass through oneDNN): the split layer's gathered per-event rows.
+    Outside autograd on the CPU in fp32 (the critic's fakes, sampling, evaluation) the
+    product runs through oneDNN's inner product instead of torch's BLAS
+    (:func:`use_onednn`): the MKL in torch's CPU wheels runs its AVX2 kernels on AMD
+    processors, oneDNN its AVX-512 ones, and on such a CPU (AMD EPYC, 2026-11-28, one
+    thread) oneDNN ran this model's products at 180-240 GFLOPS against MKL's 90-100
+    (docs/speed.md, "oneDNN"). The same value to fp32 rounding. Under autograd, and
+    elsewhere (a GPU, bf16, autocast, tracing for export, torch.compile, fewer than
+    :data:`ONEDNN_MIN_ROWS` rows, an empty inner dimension), it is
+    ``nn.functional.linear``. ``add`` (N, out), when given, is added to the result: the
+    split layer's gathered per-event rows (through oneDNN, in the product's own pass).
     """
     if _takes_onednn(x, weight):
-        if not torch.is_grad_enabled():
-            return _product(x, weight, bias, add)
-        # copied (where needed) out here, where autograd records the copy: the backward's
-        # products must reach the caller's x and weight for a double backward
-        return _OneDnnLinear.apply(_dense(x), _dense(weight), bias, add)
+        return _bucketed_product(x, weight, bias, add)
     y = nn.functional.linear(x, weight, bias)
     return y if add is None else y + add
 
@@ -93,58 +86,44 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous()
 
 
-def _product(
+def _row_bucket(rows: int) -> int:
+    """``rows`` rounded up to one of 8 sizes per octave (at most 12.5% more)."""
+    step = 1 << max(rows.bit_length() - 4, 0)
+    return -(-rows // step) * step
+
+
+def _bucketed_product(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     add: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """oneDNN's ``x @ weight.T + bias (+ add)``, outside autograd."""
-    x, weight = _dense(x), _dense(weight)
-    if add is None:
-        return _ONEDNN_LINEAR(x, weight, bias, "none", [], "")
-    return _ONEDNN_LINEAR.binary(x, add.contiguous(), weight, bias, "add")
+    """oneDNN's ``x @ weight.T + bias (+ add)`` with the rows padded up to
+    :func:`_row_bucket`.
 
-
-class _OneDnnLinear(torch.autograd.Function):
-    """:func:`linear` through oneDNN. Its backward's products are :func:`linear` calls
-    where autograd records them (``create_graph``, the penalty's double backward), else
-    plain oneDNN calls (each autograd.Function costs Python time, under the GIL that the
-    step's shards share)."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, add):  # type: ignore[override]
-        ctx.save_for_backward(x, weight)
-        ctx.has_bias, ctx.has_add = bias is not None, add is not None
-        return _product(x, weight, bias, add)
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        x, weight = ctx.saved_tensors
-        need_x, need_w, need_b, need_add = ctx.needs_input_grad
-        product = linear if torch.is_grad_enabled() else _product
-        grad_x = product(grad, weight.t()) if need_x else None
-        grad_w = _weight_grad(grad, x, product) if need_w else None
-        grad_b = grad.sum(0) if ctx.has_bias and need_b else None
-        return grad_x, grad_w, grad_b, grad if ctx.has_add and need_add else None
-
-
-def _weight_grad(grad: torch.Tensor, x: torch.Tensor, product: Callable) -> torch.Tensor:
-    """grad^T @ x (out, in), the weight's gradient, by ``product`` (:func:`linear` or
-    :func:`_product`): as a product with ``in`` outputs when ``in >= out``, else as
-    (x^T @ grad)^T. oneDNN runs each faster in its own case (13k rows: 176 against 133
-    GFLOPS for 128 -> 64, 146 against 57 for 16 -> 128, 35 against 12 for 4 -> 32); MKL
-    ran them at 95, 62 and 9."""
-    if grad.shape[0] == 0:
-        return grad.new_zeros(grad.shape[1], x.shape[1])
-    if x.shape[1] >= grad.shape[1]:
-        return product(grad.t(), x.t())
-    return product(x.t(), grad.t()).t()
+    oneDNN makes (JIT-compiles) a primitive for each shape it meets and keeps it in a
+    cache; making one took ~0.2 ms for a 13000 x 32 x 32 product that then runs in 0.14.
+    A batch's muon and event counts change from batch to batch, so unpadded nearly every
+    product met a new shape. Padded, a run meets a few dozen shapes per layer (the padding
+    rows are zeros; their outputs are dropped, the first rows a contiguous view)."""
+    rows = x.shape[0]
+    padded = _row_bucket(rows)
+    weight = _dense(weight)
+    if padded == rows:
+        x = _dense(x)
+        if add is None:
+            return _ONEDNN_LINEAR(x, weight, bias, "none", [], "")
+        return _ONEDNN_LINEAR.binary(x, add.contiguous(), weight, bias, "add")
+    xp = x.new_empty(padded, x.shape[1])
+    xp[:rows].copy_(x)
+    xp[rows:].zero_()
+    y = _ONEDNN_LINEAR(xp, weight, bias, "none", [], "")[:rows]
+    return y if add is None else y.add_(add)
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` whose product is :func:`linear` (oneDNN on the CPU); the same
-    parameters and state-dict keys."""
+    """``nn.Linear`` whose product is :func:`linear` (oneDNN on the CPU outside autograd);
+    the same parameters and state-dict keys."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2:
@@ -197,7 +176,7 @@ def narrow_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     gradient is computed as ``x^T @ grad`` ([in, N] x [N, out]). For a Linear autograd
     computes it as ``(grad^T @ x)^T`` to match the layout of ``weight.t()``, a product
     MKL runs 3-4x slower on the CPU when ``in`` is 3 (0.36 against 0.11 ms for 13k muons).
-    Through oneDNN (:func:`linear`) the weight's gradient is taken that way already.
+    Outside autograd it is :func:`linear` (oneDNN on the CPU).
     """
     if _takes_onednn(x, layer.weight):
         return linear(x, layer.weight, layer.bias)

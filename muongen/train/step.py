@@ -319,17 +319,6 @@ def _can_compile(device: torch.device) -> bool:
     return True
 
 
-def cpu_matmul_mode(setting: str, shards: int, threads: int) -> str:
-    """The oneDNN mode (:func:`muongen.model.layers.use_onednn`) for ``train.cpu_matmul``:
-    ``auto`` takes it under autograd only for a step of one shard on one thread, where no
-    other thread waits for the GIL that its backward's Python holds."""
-    if setting == "blas":
-        return "none"
-    if setting == "onednn" or (shards == 1 and threads == 1):
-        return "all"
-    return "forward"
-
-
 def resolve_shards(requested: int, device: torch.device, compiled: bool) -> int:
     """The step's shard count for ``train.step_shards`` (see there): 1 off the CPU and
     with ``compile``; 0 (auto) is 2 when torch has 2 or more threads, else 1."""
@@ -430,12 +419,9 @@ class GanStep:
         #: torch's threads shared out among the shards (each shard's thread sets its own)
         self.threads_per_shard = max(1, torch.get_num_threads() // self.shards)
         self._rngs = [torch.Generator() for _ in range(self.shards)] if self.shards > 1 else []
-        #: where the CPU's fp32 products take oneDNN (train.cpu_matmul; process-wide)
-        self.onednn = use_onednn(
-            "none"
-            if self.compiled  # compiled code takes torch's products (layers.linear)
-            else cpu_matmul_mode(train_cfg.cpu_matmul, self.shards, self.threads_per_shard)
-        )
+        #: whether the CPU's fp32 products outside autograd take oneDNN (train.cpu_matmul;
+        #: process-wide)
+        self.onednn = use_onednn(train_cfg.cpu_matmul == "onednn")
         self.capturing = False  # recording a CUDA graph (autocast must not cache casts)
         self.graphs = None
         if train_cfg.cuda_graphs:

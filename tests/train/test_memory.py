@@ -16,8 +16,8 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gl
 
 # a few steps of the production model on a batch of 4096 events with ~3 muons each (per-muon
 # activations of 1-6 MiB, as on the shared step bench), then the page faults per step in four
-# windows of two steps each; torch's BLAS for the products (train.cpu_matmul=blas): on one
-# thread the step would take oneDNN, whose calls fault ~20 pages each whatever malloc keeps
+# windows of two steps each; torch's BLAS for the products (train.cpu_matmul=blas): each
+# oneDNN call (the fakes' products) faults ~20 pages whatever malloc keeps
 FAULTS_PER_STEP = """
 import resource, sys, torch
 from muongen.config import load_config

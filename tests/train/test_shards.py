@@ -71,10 +71,8 @@ def test_a_sharded_step_makes_the_unsharded_update(
     batch make the same update (with SGD at lr 1 the change of each parameter is its
     gradient): every normaliser is the whole batch's. The shards' events given as
     microbatches, each normalised over itself, make another update where the penalty or
-    the event weights are on. Both steps take their products from one library (with
-    ``auto`` the unsharded one-thread step would take oneDNN, the sharded one torch's BLAS
-    under autograd: rounding apart, which a step with the penalty amplifies past these
-    tolerances)."""
+    the event weights are on. With either library for the products outside autograd
+    (``train.cpu_matmul``: the fakes)."""
     monkeypatch.setattr(generator_module, "_noise", lambda shape, like, gen: like.new_zeros(shape))
     batch = toy_batch(48, torch.Generator().manual_seed(5))
     cut = shard_bounds(batch.counts, 2)
