@@ -277,8 +277,8 @@ class TrainConfig:
     on AMD processors; oneDNN ran this model's products 2x faster on an AVX-512 AMD EPYC,
     2026-11-28). Under autograd the products are torch's own either way: through oneDNN
     there they cost a Python backward per product, which made the step in 2 shards 20-30%
-    slower (docs/speed.md, "oneDNN"). Process-wide; ``blas`` where the build has no
-    oneDNN."""
+    slower (docs/speed.md, "oneDNN for the products outside autograd"). Process-wide;
+    ``blas`` where the build has no oneDNN."""
     fake_counts: Literal["real", "predicted"] = "real"
     """Muons per fake event in training: the real event's count, or the head's prediction."""
     cuda_graphs: bool = False

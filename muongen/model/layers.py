@@ -64,10 +64,10 @@ def linear(
     (:func:`use_onednn`): the MKL in torch's CPU wheels runs its AVX2 kernels on AMD
     processors, oneDNN its AVX-512 ones, and on such a CPU (AMD EPYC, 2026-11-28, one
     thread) oneDNN ran this model's products at 180-240 GFLOPS against MKL's 90-100
-    (docs/speed.md, "oneDNN"). The same value to fp32 rounding. Under autograd, and
-    elsewhere (a GPU, bf16, autocast, tracing for export, torch.compile, fewer than
-    :data:`ONEDNN_MIN_ROWS` rows, an empty inner dimension), it is
-    ``nn.functional.linear``. ``add`` (N, out), when given, is added to the result: the
+    (docs/speed.md, "oneDNN for the products outside autograd"). The same value to fp32
+    rounding. Under autograd, and elsewhere (a GPU, bf16, autocast, tracing for export,
+    torch.compile, fewer than :data:`ONEDNN_MIN_ROWS` rows, an empty inner dimension), it
+    is ``nn.functional.linear``. ``add`` (N, out), when given, is added to the result: the
     split layer's gathered per-event rows (through oneDNN, in the product's own pass).
     """
     if _takes_onednn(x, weight):
