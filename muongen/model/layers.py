@@ -57,7 +57,7 @@ def linear(
     bias: torch.Tensor | None = None,
     add: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``x @ weight.T + bias (+ add)``, as ``nn.functional.linear``, for 2-D ``x``.
+    """``x @ weight.T + bias (+ add)``, as ``nn.functional.linear``.
 
     Outside autograd on the CPU in fp32 (the critic's fakes, sampling, evaluation) the
     product runs through oneDNN's inner product instead of torch's BLAS
@@ -66,9 +66,10 @@ def linear(
     thread) oneDNN ran this model's products at 180-240 GFLOPS against MKL's 90-100
     (docs/speed.md, "oneDNN for the products outside autograd"). The same value to fp32
     rounding. Under autograd, and elsewhere (a GPU, bf16, autocast, tracing for export,
-    torch.compile, fewer than :data:`ONEDNN_MIN_ROWS` rows, an empty inner dimension), it
-    is ``nn.functional.linear``. ``add`` (N, out), when given, is added to the result: the
-    split layer's gathered per-event rows (through oneDNN, in the product's own pass).
+    torch.compile, an input that is not 2-D, fewer than :data:`ONEDNN_MIN_ROWS` rows, an
+    empty inner dimension), it is ``nn.functional.linear``. ``add`` (N, out), when given,
+    is added to the result: the split layer's gathered per-event rows (through oneDNN, in
+    the product's own pass).
     """
     if _takes_onednn(x, weight):
         return _bucketed_product(x, weight, bias, add)
@@ -126,8 +127,6 @@ class Linear(nn.Linear):
     the same parameters and state-dict keys."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 2:
-            return nn.functional.linear(x, self.weight, self.bias)
         return linear(x, self.weight, self.bias)
 
 
@@ -178,7 +177,7 @@ def narrow_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     MKL runs 3-4x slower on the CPU when ``in`` is 3 (0.36 against 0.11 ms for 13k muons).
     Outside autograd it is :func:`linear` (oneDNN on the CPU).
     """
-    if _takes_onednn(x, layer.weight):
+    if not torch.is_grad_enabled():  # no weight gradient to lay out
         return linear(x, layer.weight, layer.bias)
     return torch.addmm(layer.bias, x, layer.weight.t().contiguous())
 
@@ -235,8 +234,5 @@ def split_parts(layer: nn.Linear, per_event: torch.Tensor) -> tuple[torch.Tensor
     the in-place ``addmm_`` that joins them, which autocast does not cast, sees one dtype.
     """
     width = per_event.shape[1]
-    if per_event.dim() == 2:
-        event_part = linear(per_event, layer.weight[:, :width], layer.bias)
-    else:
-        event_part = nn.functional.linear(per_event, layer.weight[:, :width], layer.bias)
+    event_part = linear(per_event, layer.weight[:, :width], layer.bias)
     return event_part, layer.weight[:, width:].t().to(event_part.dtype)
