@@ -144,6 +144,13 @@ class ModelConfig:
     mult_knot_z: float = 2.5
     """hurdle: the knots sit at the levels Phi(z), z evenly spaced in [-mult_knot_z,
     mult_knot_z]; beyond them the quantile function continues with exponential tails."""
+    mult_trunk: Literal["separate", "shared"] = "separate"
+    """hurdle: its outputs (P(N = 0), the exact counts' probabilities, the knots) each
+    from an MLP of its own (separate), or all from one MLP of widths mult_hidden with one
+    output layer (shared: the original trainer's single multiplicity MLP; half the head's
+    cost, which is computed on every event of a batch). The presets use shared
+    (docs/speed.md, "The multiplicity head's trunk"); separate by default so that
+    checkpoints written before it keep their shape."""
     lateral_transform: Literal["linear", "asinh"] = "linear"
     """xy representation: the models see x and y standardised linearly, or as
     asinh(x / s) with s the fitted median |x| (linear core, logarithmic heavy tails)."""

@@ -43,20 +43,24 @@ def _checkpoint(tmp_path_factory, overrides: list[str]):
 
 
 @pytest.fixture(
-    scope="module", params=["xy", "radial", "xy-hurdle", "polar", "polar-hurdle2-slant"]
+    scope="module",
+    params=["xy", "radial", "xy-hurdle", "polar", "polar-hurdle2-slant", "xy-hurdle2-shared"],
 )
 def small_checkpoint(request, tmp_path_factory):
     """Small checkpoints in both muon representations (xy: rotated bundles; radial: drawn
     azimuths) with the lognormal multiplicity head, one with the hurdle head, and with the
     xy representation's polar head (log r and an azimuth per muon), once with the hurdle
     head's exact probabilities of 1 and 2 muons and the slant depth among the conditions
-    (the quality preset's): every noise input and every path of the heads is used."""
-    param, slant = request.param.removesuffix("-slant"), request.param.endswith("-slant")
+    (the quality preset's), and the hurdle head with exact counts on one shared trunk (the
+    presets'): every noise input and every path of the heads is used."""
+    param, shared = request.param.removesuffix("-shared"), request.param.endswith("-shared")
+    param, slant = param.removesuffix("-slant"), param.endswith("-slant")
     representation, _, head = param.partition("-")
     exact = head.removeprefix("hurdle") if head.startswith("hurdle") else ""
     head = head.removesuffix(exact)
     overrides = [f"model.multiplicity={head or 'lognormal'}", f"model.mult_exact={exact or 0}"]
     overrides += [f"model.slant_depth={str(slant).lower()}"]
+    overrides += [f"model.mult_trunk={'shared' if shared else 'separate'}"]
     if representation == "polar":
         overrides += ["model.lateral_head=polar"]
     else:

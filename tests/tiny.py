@@ -33,8 +33,8 @@ def set_multiplicity(generator, log_mult: float) -> None:
     muon), and most events empty where log_mult < 0.5, few otherwise."""
     head = generator.multiplicity
     if generator.multiplicity_mode == "hurdle":
-        head.knots[-1].bias[0] = max(log_mult, 0.3)
-        head.zero[-1].bias.fill_(-3.0 if log_mult > 0.5 else 2.0)
+        head.output_bias("knots")[0] = max(log_mult, 0.3)
+        head.output_bias("zero").fill_(-3.0 if log_mult > 0.5 else 2.0)
     else:
         head[-1].bias.fill_(log_mult)
 

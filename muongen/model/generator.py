@@ -5,7 +5,8 @@ Three networks (design section 3):
 * multiplicity head, ``4 -> 64 -> 128 -> 64 -> ...`` MLPs (ELU); ``ModelConfig.multiplicity``
   says what it predicts and how counts follow: ``hurdle`` (default): P(N = 0) and the
   quantiles of the dequantised log10(N + 1) of non-empty events, each from its own MLP
-  (:mod:`muongen.model.multiplicity`), one N(0, 1) draw per event; ``round`` (the original
+  or all from one (``model.mult_trunk``; :mod:`muongen.model.multiplicity`), one N(0, 1)
+  draw per event; ``round`` (the original
   trainer's): the mean m of log10(N + 1), counts = round(max(10^m - 1, 0)), deterministic
   given the condition, so wherever the mean multiplicity is below 0.5 no muon is ever
   made; ``lognormal``: a second head of the same shape predicts log s, and x ~ Normal(m, s)
@@ -162,7 +163,12 @@ class Generator(nn.Module):
         self.multiplicity_spread = None
         if cfg.multiplicity == "hurdle":
             self.multiplicity = HurdleMultiplicity(
-                nc, cfg.mult_hidden, cfg.mult_knots, cfg.mult_knot_z, cfg.mult_exact
+                nc,
+                cfg.mult_hidden,
+                cfg.mult_knots,
+                cfg.mult_knot_z,
+                cfg.mult_exact,
+                shared=cfg.mult_trunk == "shared",
             )
         else:
             self.multiplicity = mlp(nc, cfg.mult_hidden, 1, activation=nn.ELU)

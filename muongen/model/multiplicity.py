@@ -44,7 +44,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from muongen.model.layers import mlp
+from muongen.model.layers import Linear, mlp
 
 #: y of a single muon: log10(2) rounds to N = 1 (log10(1.5) would round to 0, half-even)
 ONE_MUON = math.log10(2.0)
@@ -100,17 +100,28 @@ class HurdleMultiplicity(nn.Module):
     """P(N = 0 | c), P(N = m | N >= m, c) for m = 1..M (``exact``), and the quantiles of
     log10(N + 0.5 + U) given N > M (module docstring).
 
+    The three outputs come from MLPs of their own (``shared=False``) or from one trunk
+    with a linear layer for all of them (``shared=True``, ``model.mult_trunk: shared``).
+
     Attributes:
         zero: MLP, standardised condition (B, C) -> logit of P(N = 0) (B, 1).
         exact: MLP, standardised condition (B, C) -> logits of h_1..h_M (B, M); None
             where M = 0.
         knots: MLP, standardised condition (B, C) -> q_0 and K - 1 raw increments (B, K).
+        trunk, out: with ``shared``, in their place: the MLP to its last hidden activation
+            and one Linear to [logit p0, M exact logits, K raw knots].
         levels: buffer (K,) the knots' quantile levels.
         n_exact: M.
     """
 
     def __init__(
-        self, n_cond: int, hidden: list[int], n_knots: int, z_max: float, n_exact: int = 0
+        self,
+        n_cond: int,
+        hidden: list[int],
+        n_knots: int,
+        z_max: float,
+        n_exact: int = 0,
+        shared: bool = False,
     ) -> None:
         super().__init__()
         if n_knots < 2:
@@ -118,15 +129,47 @@ class HurdleMultiplicity(nn.Module):
         if n_exact < 0:
             raise ValueError(f"model.mult_exact must be 0 or more, got {n_exact}")
         self.n_exact = n_exact
-        self.zero = mlp(n_cond, hidden, 1, activation=nn.ELU)
-        self.exact = mlp(n_cond, hidden, n_exact, activation=nn.ELU) if n_exact else None
-        self.knots = mlp(n_cond, hidden, n_knots, activation=nn.ELU)
+        self.n_knots = n_knots
+        self.shared = shared
+        if shared:
+            # one trunk (the original trainer's single multiplicity MLP, to its last hidden
+            # activation) and one linear layer for every output: [logit p0, M exact
+            # logits, K raw knots]
+            self.trunk = mlp(n_cond, hidden, None, activation=nn.ELU)
+            self.out = Linear(hidden[-1] if hidden else n_cond, 1 + n_exact + n_knots)
+        else:
+            self.zero = mlp(n_cond, hidden, 1, activation=nn.ELU)
+            self.exact = mlp(n_cond, hidden, n_exact, activation=nn.ELU) if n_exact else None
+            self.knots = mlp(n_cond, hidden, n_knots, activation=nn.ELU)
         self.register_buffer("levels", knot_levels(n_knots, z_max).float())
         with torch.no_grad():  # start near the fewest muons the knots model (M + 1) and a
             # few more: q_0 ~ log10(M + 2), steps ~ 0.05 dex
-            self.knots[-1].bias.copy_(torch.full((n_knots,), -3.0))
-            self.knots[-1].bias[0] = self.lowest
-            self.zero[-1].bias.zero_()
+            knots = self.output_bias("knots")
+            knots.fill_(-3.0)
+            knots[0] = self.lowest
+            self.output_bias("zero").zero_()
+
+    def output_bias(self, part: str) -> torch.Tensor:
+        """The bias of one output, a view to set in place: ``zero`` (1,) the logit of p0,
+        ``exact`` (M,) the exact counts' logits, ``knots`` (K,) q_0 and the raw
+        increments; whether the outputs have MLPs of their own or share a trunk."""
+        if not self.shared:
+            return getattr(self, part)[-1].bias
+        m = self.n_exact
+        bounds = {"zero": (0, 1), "exact": (1, 1 + m), "knots": (1 + m, 1 + m + self.n_knots)}
+        a, b = bounds[part]
+        return self.out.bias[a:b]
+
+    def outputs(self, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Standardised condition (B, C) -> logit p0 (B,), the exact counts' logits (B, M)
+        (None where M = 0) and the raw knots (B, K): from the three MLPs, or from the
+        shared trunk's one output layer (``model.mult_trunk``)."""
+        if not self.shared:
+            exact = self.exact(c) if self.exact is not None else None
+            return self.zero(c).squeeze(-1), exact, self.knots(c)
+        out = self.out(self.trunk(c))
+        m = self.n_exact
+        return out[:, 0], (out[:, 1 : 1 + m] if m else None), out[:, 1 + m :]
 
     @property
     def lowest(self) -> float:
@@ -135,10 +178,8 @@ class HurdleMultiplicity(nn.Module):
 
     def params(self, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Standardised condition (B, C) -> logit p0 (B,) and increasing knots (B, K)."""
-        raw = self.knots(c)
-        steps = F.softplus(raw[:, 1:])
-        knots = torch.cat([raw[:, :1], raw[:, :1] + torch.cumsum(steps, dim=1)], dim=1)
-        return self.zero(c).squeeze(-1), knots
+        logit, _, raw = self.outputs(c)
+        return logit, _monotone(raw)
 
     def sample(self, c: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """(B,) log10(N + 1) to round counts from, given one N(0, 1) draw z (B,) per event.
@@ -146,26 +187,30 @@ class HurdleMultiplicity(nn.Module):
         0 where the event is empty, log10(m + 1) exactly where the draw falls on an exact
         count m <= M, else at least log10(M + 2).
         """
-        logit, knots = self.params(c)
+        logit, exact, raw = self.outputs(c)
+        knots = _monotone(raw)
         p0 = torch.sigmoid(logit)
         u = normal_cdf(z.to(knots.dtype))
         tau = (u - p0) / (1.0 - p0).clamp(min=TAU_EPS)
-        exact_y, tau = self._walk(c, tau)
+        exact_y, tau = self._walk(exact, tau)
         y = interpolate_quantiles(knots, self.levels, tau).clamp(min=self.lowest)
         if exact_y is not None:
             y = torch.where(exact_y > 0, exact_y, y)
         return torch.where(u < p0, torch.zeros_like(y), y)
 
-    def _walk(self, c: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """The exact counts' part of a draw at level v (B,) in [0, 1) of an event with muons.
+    def _walk(
+        self, exact: torch.Tensor | None, v: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """The exact counts' part of a draw at level v (B,) in [0, 1) of an event with
+        muons, given the exact counts' logits (B, M) (:meth:`outputs`).
 
         Returns log10(m + 1) (B,) where v falls in count m's share (m = 1..M: the first m
         with v < h_m, v rescaled to (v - h_m) / (1 - h_m) after each count it passes), 0
         elsewhere, and the level left for the quantile function (B,); (None, v) where M = 0.
         """
-        if self.exact is None:
+        if exact is None:
             return None, v
-        h = torch.sigmoid(self.exact(c)).to(v.dtype)  # (B, M)
+        h = torch.sigmoid(exact).to(v.dtype)  # (B, M)
         exact_y = torch.zeros_like(v)
         taken = torch.zeros_like(v, dtype=torch.bool)
         for m in range(1, self.n_exact + 1):
@@ -183,12 +228,13 @@ class HurdleMultiplicity(nn.Module):
         for each exact count m = 1..M, and the mean pinball loss of the knots over the
         events with N > M (their targets dequantised with fresh uniform noise, drawn from
         ``generator`` when given)."""
-        logit, knots = self.params(c)
-        logit, knots = logit.float(), knots.float()  # fp32 targets and loss under autocast
+        logit, exact, raw = self.outputs(c)
+        # fp32 targets and loss under autocast
+        logit, knots = logit.float(), _monotone(raw).float()
         empty = counts == 0
         loss = F.binary_cross_entropy_with_logits(logit, empty.float())
-        if self.exact is not None:
-            exact_logits = self.exact(c).float()  # (B, M)
+        if exact is not None:
+            exact_logits = exact.float()  # (B, M)
             for m in range(1, self.n_exact + 1):
                 at = (counts >= m).float()
                 bce = F.binary_cross_entropy_with_logits(
@@ -202,3 +248,10 @@ class HurdleMultiplicity(nn.Module):
         pinball = torch.maximum(self.levels * resid, (self.levels - 1.0) * resid).mean(-1)
         kept = (counts > self.n_exact).float()
         return loss + (pinball * kept).sum() / kept.sum().clamp(min=1.0)
+
+
+def _monotone(raw: torch.Tensor) -> torch.Tensor:
+    """(B, K) raw knot outputs -> increasing knots: q_0, then q_0 plus the cumulative sum
+    of the softplus of the other K - 1."""
+    steps = F.softplus(raw[:, 1:])
+    return torch.cat([raw[:, :1], raw[:, :1] + torch.cumsum(steps, dim=1)], dim=1)

@@ -47,11 +47,12 @@ def test_quantile_function_passes_its_knots_and_is_monotone_and_continuous():
         assert math.isclose(float(left), float(right), rel_tol=1e-3)
 
 
+@pytest.mark.parametrize("shared", [False, True])
 @torch.no_grad()
-def test_hurdle_draws_are_empty_exactly_where_the_uniform_falls_below_p0():
+def test_hurdle_draws_are_empty_exactly_where_the_uniform_falls_below_p0(shared):
     torch.manual_seed(0)
-    head = HurdleMultiplicity(4, [16], 8, 2.5)
-    head.zero[-1].bias.fill_(0.3)
+    head = HurdleMultiplicity(4, [16], 8, 2.5, shared=shared)
+    head.output_bias("zero").fill_(0.3)
     c, z = torch.randn(5000, 4), torch.randn(5000)
     logit, knots = head.params(c)
     p0, u = torch.sigmoid(logit), normal_cdf(z)
@@ -66,18 +67,19 @@ def test_hurdle_draws_are_empty_exactly_where_the_uniform_falls_below_p0():
     torch.testing.assert_close(head.sample(c, z)[keep], want[keep])
 
 
+@pytest.mark.parametrize("shared", [False, True])
 @torch.no_grad()
-def test_exact_counts_take_their_share_of_the_draw_and_the_knots_the_rest():
+def test_exact_counts_take_their_share_of_the_draw_and_the_knots_the_rest(shared):
     """mult_exact = 2: one muon exactly where v = (u - p0) / (1 - p0) < h_1, two where v
     falls in the next (1 - h_1) h_2, and above that the quantile function at the level
     left, (v - h_1 - (1 - h_1) h_2) / ((1 - h_1)(1 - h_2)), with at least 3 muons."""
     torch.manual_seed(0)
-    head = HurdleMultiplicity(4, [16], 8, 2.5, n_exact=2)
-    head.zero[-1].bias.fill_(-0.5)
+    head = HurdleMultiplicity(4, [16], 8, 2.5, n_exact=2, shared=shared)
+    head.output_bias("zero").fill_(-0.5)
     c, z = torch.randn(20000, 4), torch.randn(20000)
     logit, knots = head.params(c)
     p0, u = torch.sigmoid(logit), normal_cdf(z)
-    h = torch.sigmoid(head.exact(c))
+    h = torch.sigmoid(head.outputs(c)[1])
     v = (u - p0) / (1 - p0)
     one = (u >= p0) & (v < h[:, 0])
     two = (u >= p0) & ~one & (v < h[:, 0] + (1 - h[:, 0]) * h[:, 1])
@@ -94,18 +96,21 @@ def test_exact_counts_take_their_share_of_the_draw_and_the_knots_the_rest():
     torch.testing.assert_close(y[rest], want[rest], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(y[one], torch.full_like(y[one], math.log10(2.0)))
     # without exact counts the head is as it was: the quantile function from one muon up
-    plain = HurdleMultiplicity(4, [16], 8, 2.5)
-    assert plain.exact is None and plain.lowest == ONE_MUON
+    plain = HurdleMultiplicity(4, [16], 8, 2.5, shared=shared)
+    assert plain.outputs(c)[1] is None and plain.lowest == ONE_MUON
     assert "exact" not in "".join(plain.state_dict())
 
 
-def test_exact_counts_learn_the_probabilities_of_one_and_two_muons():
+@pytest.mark.parametrize("trunk", ["separate", "shared"])
+def test_exact_counts_learn_the_probabilities_of_one_and_two_muons(trunk):
     """Trained on negative-binomial counts of shape 1 at one condition (a geometric
     distribution: P(N = m | N >= m) = 1 / (1 + mean) for every m), the exact counts'
-    draws come out at P(1 | N >= 1) and P(2 | N >= 1) of the data."""
+    draws come out at P(1 | N >= 1) and P(2 | N >= 1) of the data, whether the outputs
+    have MLPs of their own or share one trunk."""
     g = torch.Generator().manual_seed(2)
     torch.manual_seed(3)
-    gen, _ = build_models(small_model_config(multiplicity="hurdle", mult_exact=2))
+    cfg = small_model_config(multiplicity="hurdle", mult_exact=2, mult_trunk=trunk)
+    gen, _ = build_models(cfg)
     mean = 2.0
     _fit_counts(gen, mean, g)
     with torch.no_grad():
@@ -117,12 +122,13 @@ def test_exact_counts_learn_the_probabilities_of_one_and_two_muons():
     assert int(some.max()) > 10  # the knots carry the tail
 
 
+@pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("n_exact", [0, 2])
-def test_hurdle_loss_is_the_bces_plus_the_mean_pinball_above_the_exact_counts(n_exact):
+def test_hurdle_loss_is_the_bces_plus_the_mean_pinball_above_the_exact_counts(n_exact, shared):
     """The BCE of "empty", one BCE of "N = m" over the events with N >= m per exact count
     m, and the mean pinball loss over the events with N above the exact counts."""
     torch.manual_seed(1)
-    head = HurdleMultiplicity(4, [16], 6, 2.0, n_exact=n_exact)
+    head = HurdleMultiplicity(4, [16], 6, 2.0, n_exact=n_exact, shared=shared)
     c = torch.randn(64, 4)
     counts = torch.tensor([0, 1, 2, 3, 40, 1, 0, 7] * 8)
     torch.manual_seed(5)
@@ -136,8 +142,58 @@ def test_hurdle_loss_is_the_bces_plus_the_mean_pinball_above_the_exact_counts(n_
     want = bce(logit, (counts == 0).float()) + pin[counts > n_exact].mean()
     for m in range(1, n_exact + 1):
         at = counts >= m
-        want = want + bce(head.exact(c)[at, m - 1], (counts[at] == m).float())
+        want = want + bce(head.outputs(c)[1][at, m - 1], (counts[at] == m).float())
     torch.testing.assert_close(loss, want)
+
+
+def test_a_shared_trunk_is_one_mlp_with_one_output_layer_for_every_output():
+    """model.mult_trunk=shared: the outputs [logit p0, exact logits, knots] are slices of
+    one output layer over one trunk of widths mult_hidden, which costs half of the
+    separate MLPs; each output starts as the separate head's does."""
+    torch.manual_seed(0)
+    sep = HurdleMultiplicity(4, [64, 128, 64], 16, 2.5, n_exact=2)
+    shared = HurdleMultiplicity(4, [64, 128, 64], 16, 2.5, n_exact=2, shared=True)
+    assert {k.split(".")[0] for k in shared.state_dict()} == {"trunk", "out", "levels"}
+    assert shared.out.out_features == 1 + 2 + 16
+    n = {name: sum(p.numel() for p in h.parameters()) for name, h in (("sep", sep), ("sh", shared))}
+    assert n["sh"] < 0.36 * n["sep"], n  # three MLPs against one trunk
+    c = torch.randn(32, 4)
+    with torch.no_grad():
+        shared.out.weight.zero_()  # the outputs are then their biases
+        logit, exact, raw = shared.outputs(c)
+    torch.testing.assert_close(logit, torch.zeros(32))
+    torch.testing.assert_close(raw, shared.output_bias("knots").expand(32, -1))
+    torch.testing.assert_close(exact, shared.output_bias("exact").expand(32, -1))
+    for part in ("zero", "knots"):
+        torch.testing.assert_close(shared.output_bias(part), sep.output_bias(part))
+    # the loss reaches every part of the trunk and the output layer
+    head = HurdleMultiplicity(4, [16, 16], 8, 2.5, n_exact=2, shared=True)
+    head.loss(torch.randn(64, 4), torch.tensor([0, 1, 2, 9] * 16)).backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in head.parameters())
+
+
+def test_a_checkpoint_of_separate_mlps_is_refused_by_a_shared_trunk_naming_the_setting():
+    from muongen.checkpoint import load_module, model_differences
+    from muongen.config import ModelConfig
+    from muongen.errors import CheckpointError
+
+    old = small_model_config(multiplicity="hurdle")
+    new = small_model_config(multiplicity="hurdle", mult_trunk="shared")
+    saved, _ = build_models(old)
+    fresh, _ = build_models(new)
+    differences = model_differences(_as_dict(old), _as_dict(new))
+    assert differences == ["model.mult_trunk: 'separate' -> 'shared'"] or all(
+        "mult_trunk" in d for d in differences
+    )
+    with pytest.raises(CheckpointError, match="mult_trunk"):
+        load_module(fresh, saved.state_dict(), "generator", "old.pt", differences)
+    assert ModelConfig().mult_trunk == "separate"  # old checkpoints keep their shape
+
+
+def _as_dict(cfg) -> dict:
+    import dataclasses
+
+    return dataclasses.asdict(cfg)
 
 
 def _fit_counts(gen, mean: float, g: torch.Generator, lower_rate_from: int = 0) -> None:
