@@ -51,8 +51,8 @@ def small_checkpoint(request, tmp_path_factory):
     azimuths) with the lognormal multiplicity head, one with the hurdle head, and with the
     xy representation's polar head (log r and an azimuth per muon), once with the hurdle
     head's exact probabilities of 1 and 2 muons and the slant depth among the conditions
-    (the quality preset's), and the hurdle head with exact counts on one shared trunk (the
-    presets'): every noise input and every path of the heads is used."""
+    (the quality preset's), and the hurdle head with exact counts on one shared trunk
+    (model.mult_trunk): every noise input and every path of the heads is used."""
     param, shared = request.param.removesuffix("-shared"), request.param.endswith("-shared")
     param, slant = param.removesuffix("-slant"), param.endswith("-slant")
     representation, _, head = param.partition("-")
