@@ -212,6 +212,11 @@ class OptimConfig:
     """At most this many (real, fake) muon pairs enter the penalty."""
     gp_fraction: float = 1.0
     """Fraction of events that contribute pairs to the penalty."""
+    gp_draw: Literal["muons", "events"] = "muons"
+    """How the gp_max_pairs pairs are drawn when there are more: muons (a uniform subset
+    of the pairs, the original's) or events (whole events in a random order until the
+    cap, the last one cut; each pair is in with the same probability, and the penalty
+    scores fewer events)."""
     gp_norm: Literal["muon", "event"] = "muon"
     """Gradient norm penalised: per paired muon (the original's) or per event's paired set.
     The quality preset uses event: median ratio to the floor 1.34-1.57 against 1.62-1.79

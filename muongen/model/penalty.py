@@ -21,7 +21,12 @@ norm weights busy events by their muon count and, with amax pooling, also pulls 
 that are the maximum of no channel (zero gradient) towards 1. Both use
 sqrt(||g||^2 + 1e-12) so a zero gradient has a finite derivative.
 
-Controls: ``max_pairs`` (a uniform random subset of the valid pairs, 0: all),
+Controls: ``max_pairs`` (at most this many pairs, 0: all), drawn ``by`` muons (a
+uniform random subset of the valid pairs, the original trainer's) or by events (whole
+events in a random order until the cap, the last one cut to fit: each pair is still in
+with the same probability, and the penalty's critic scores about a muon-count fewer
+events, since a drawn event brings all its pairs; with ``norm="event"`` every drawn
+event's gradient is taken over all its muons, not a random few, except the cut one),
 ``fraction`` (each event takes part with this probability). A batch scored in parts (the
 step's CPU shards) draws its pairs once for all its events (:func:`draw_pairs`) and hands
 each part its own (``slots``) with the whole batch's count (``denominator``,
@@ -50,6 +55,7 @@ from muongen.model.generator import events_with_muons
 _EPS = 1e-12
 
 Norm = Literal["muon", "event"]
+Draw = Literal["muons", "events"]
 
 
 def gradient_penalty(
@@ -68,6 +74,7 @@ def gradient_penalty(
     generator: torch.Generator | None = None,
     slots: torch.Tensor | None = None,
     denominator: int | None = None,
+    by: Draw = "muons",
 ) -> torch.Tensor:
     """The (unweighted) gradient penalty of ``critic`` between real and fake events.
 
@@ -77,7 +84,7 @@ def gradient_penalty(
         cond: (B, 4) condition features.
         real_muons: (N_r, F) real muons, event after event; real_counts: (B,) int64.
         fake_muons: (N_f, F) fake muons, event after event; fake_counts: (B,) int64.
-        max_pairs: use at most this many pairs, drawn uniformly (0: all).
+        max_pairs: use at most this many pairs (0: all), drawn ``by``.
         fraction: probability that an event contributes its pairs.
         norm: ``"muon"`` or ``"event"`` (see the module docstring).
         alpha: (B,) interpolation weights; drawn U(0, 1) when None (tests pass them).
@@ -87,11 +94,14 @@ def gradient_penalty(
             (:func:`draw_pairs`); ``max_pairs`` and ``fraction`` are then not applied.
         denominator: divide the sum of the pairs' (``"muon"``) or events' (``"event"``)
             terms by this instead of their number here (a part of a batch: the batch's).
+        by: draw the ``max_pairs`` pairs by ``"muons"`` (a uniform subset) or by
+            ``"events"`` (whole events in a random order, the last one cut).
 
     Returns:
         0-d float32 tensor, differentiable with respect to the critic's parameters;
         0 when no event has a pair.
     """
+    _check_draw(by)
     b, n = cond.shape[0], real_muons.shape[0]
     device = cond.device
     if b == 0 or n == 0 or fake_muons.shape[0] == 0 or (slots is not None and not len(slots)):
@@ -113,9 +123,10 @@ def gradient_penalty(
         if fraction < 1.0:
             valid &= (torch.rand(b, device=device, generator=generator) < fraction)[ev]
         if 0 < max_pairs < n:
-            # a uniform subset of the valid slots, of fixed size: the smallest random keys,
-            # invalid slots keyed last (drawn only when fewer than max_pairs are valid)
-            key = torch.where(valid, torch.rand(n, device=device, generator=generator), 2.0)
+            # a subset of the valid slots of fixed size: the smallest random keys, invalid
+            # slots keyed last (drawn only when fewer than max_pairs are valid)
+            key = _draw_keys(ev, b, by, generator)
+            key = torch.where(valid, key, float(b + 1))
             cand = torch.topk(key, max_pairs, largest=False, sorted=False).indices
         else:
             cand = slot
@@ -165,6 +176,32 @@ def _denominator(terms: torch.Tensor, given: int | None) -> torch.Tensor | float
     return terms.sum().clamp(min=1.0) if given is None else float(max(given, 1))
 
 
+def _check_draw(by: str) -> None:
+    if by not in ("muons", "events"):
+        raise ValueError(f"unknown gradient-penalty draw {by!r}; use 'muons' or 'events'")
+
+
+def _draw_keys(
+    ev: torch.Tensor, b: int, by: Draw, generator: torch.Generator | None
+) -> torch.Tensor:
+    """(N,) random keys in [0, b) for the slots of events ``ev`` (of ``b`` events), whose
+    smallest k are the draw of k slots: by ``"muons"`` a uniform key per slot (a uniform
+    subset); by ``"events"`` the event's place in a random order of the events plus a
+    uniform fraction (whole events in that order, the last one's slots in a random
+    order). Float64 by events: the place stays exact beside the fraction up to 2^29
+    events."""
+    n = ev.shape[0]
+    if by == "muons":
+        return torch.rand(n, device=ev.device, generator=generator)
+    u = torch.rand(n, device=ev.device, generator=generator, dtype=torch.float64)
+    # the events' order from sorted uniform keys (rand and sort, which a CUDA graph
+    # records; randperm's kernels may not be)
+    order = torch.argsort(torch.rand(b, device=ev.device, generator=generator))
+    place = torch.empty(b, device=ev.device, dtype=torch.float64)
+    place[order] = torch.arange(b, device=ev.device, dtype=torch.float64)
+    return place[ev] + u
+
+
 def _slot_ranks(counts: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(N,) the event of each of the ``n`` muon slots of events with ``counts``, and the
     slot's rank within its event."""
@@ -181,11 +218,14 @@ def draw_pairs(
     max_pairs: int = 0,
     fraction: float = 1.0,
     generator: torch.Generator | None = None,
+    by: Draw = "muons",
 ) -> torch.Tensor:
     """The pairs :func:`gradient_penalty` would draw for these events, drawn ahead: the
-    real muon slots (ascending, so grouped by event) of a uniform random subset of at most
-    ``max_pairs`` of the valid pairs (0: all), of the events each taking part with
-    probability ``fraction``. For a batch whose parts are scored apart (``slots``)."""
+    real muon slots (ascending, so grouped by event) of at most ``max_pairs`` of the valid
+    pairs (0: all), drawn ``by`` muons (a uniform subset) or events (whole events in a
+    random order, the last one cut), of the events each taking part with probability
+    ``fraction``. For a batch whose parts are scored apart (``slots``)."""
+    _check_draw(by)
     n = int(real_counts.sum())
     ev, rank = _slot_ranks(real_counts, n)
     valid = rank < torch.minimum(real_counts, fake_counts)[ev]
@@ -194,7 +234,7 @@ def draw_pairs(
         valid &= (torch.rand(b, device=valid.device, generator=generator) < fraction)[ev]
     slots = valid.nonzero().squeeze(1)
     if 0 < max_pairs < len(slots):
-        key = torch.rand(len(slots), device=slots.device, generator=generator)
+        key = _draw_keys(ev[slots], real_counts.shape[0], by, generator)
         keep = torch.topk(key, max_pairs, largest=False, sorted=False).indices
         slots = slots[keep.sort().values]
     return slots
@@ -223,14 +263,18 @@ def reference_gradient_penalty(
     norm: Norm = "muon",
     alpha: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
+    by: Draw = "muons",
 ) -> torch.Tensor:
     """The same penalty, written straightforwardly with a Python loop over events.
 
     For tests (it must equal :func:`gradient_penalty` for the same alpha with all pairs
     used) and for the benchmark ratio. It pairs event by event (reading counts on the
-    host), subsamples pairs with a randperm, and scores the interpolated events in one
-    critic call, as the original trainer did.
+    host), subsamples pairs with a randperm (``by="muons"``) or takes whole events in a
+    randperm's order until ``max_pairs`` (``by="events"``, the last one's pairs by a
+    randperm), and scores the interpolated events in one critic call, as the original
+    trainer did.
     """
+    _check_draw(by)
     b = cond.shape[0]
     device = cond.device
     rc, fc = real_counts.tolist(), fake_counts.tolist()
@@ -258,7 +302,18 @@ def reference_gradient_penalty(
     total = x.shape[0]
     if 0 < max_pairs < total:
         chosen = torch.zeros(total, dtype=torch.bool, device=device)
-        chosen[torch.randperm(total, device=device, generator=generator)[:max_pairs]] = True
+        if by == "muons":
+            chosen[torch.randperm(total, device=device, generator=generator)[:max_pairs]] = True
+        else:
+            starts = [sum(ks[:i]) for i in range(len(ks))]
+            left = max_pairs
+            for i in torch.randperm(len(ks), generator=generator).tolist():
+                take = min(ks[i], left)
+                pick = torch.randperm(ks[i], generator=generator)[:take] + starts[i]
+                chosen[pick.to(device)] = True
+                left -= take
+                if not left:
+                    break
         x = x[chosen]
         per_event = []
         start = 0

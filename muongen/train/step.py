@@ -609,7 +609,11 @@ class GanStep:
             gp = torch.zeros((), device=self.device)
             gp_w = w  # the penalty's weight: its microbatch's share of the batch
             if use_gp:
-                draw = {"max_pairs": mb.gp_pairs, "fraction": ocfg.gp_fraction}
+                draw = {
+                    "max_pairs": mb.gp_pairs,
+                    "fraction": ocfg.gp_fraction,
+                    "by": ocfg.gp_draw,
+                }
                 if mb.cut is not None:  # a part: pairs and count drawn for its microbatch
                     slots, denominator = mb.pairs[k]
                     draw = {"slots": slots, "denominator": denominator}
@@ -777,7 +781,11 @@ class GanStep:
             for k in (k for k, use_gp in enumerate(gp_pattern) if use_gp):
                 fake = torch.cat([p.fakes[k][1] for p in cut.parts])
                 slots = draw_pairs(
-                    real, fake, max_pairs=ocfg.gp_max_pairs, fraction=ocfg.gp_fraction
+                    real,
+                    fake,
+                    max_pairs=ocfg.gp_max_pairs,
+                    fraction=ocfg.gp_fraction,
+                    by=ocfg.gp_draw,
                 )
                 denominator = pair_count(slots, real, ocfg.gp_norm)
                 ends = torch.searchsorted(slots, torch.tensor(first)).tolist()

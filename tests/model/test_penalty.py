@@ -128,14 +128,98 @@ def test_padded_events_with_pairs_equal_the_reference(norm, monkeypatch):
     assert int((counts > 0).sum()) == 4 and (counts[4:] == 0).all()  # 4 events, then padding
 
 
-def test_max_pairs_above_the_total_changes_nothing():
+@pytest.mark.parametrize("by", ["muons", "events"])
+def test_max_pairs_above_the_total_changes_nothing(by):
     torch.manual_seed(0)
     _, critic = build_models(small_model_config())
     cond, real, rc, fake, fc, alpha = _pair_batch(7)
     pairs = int(torch.minimum(rc, fc).sum())
     full = gradient_penalty(critic, cond, real, rc, fake, fc, alpha=alpha)
-    capped = gradient_penalty(critic, cond, real, rc, fake, fc, alpha=alpha, max_pairs=pairs + 1)
+    capped = gradient_penalty(
+        critic, cond, real, rc, fake, fc, alpha=alpha, max_pairs=pairs + 1, by=by
+    )
     torch.testing.assert_close(full, capped)
+    ref = reference_gradient_penalty(
+        critic, cond, real, rc, fake, fc, alpha=alpha, max_pairs=pairs + 1, by=by
+    )
+    torch.testing.assert_close(ref, full, rtol=1e-5, atol=1e-6)
+
+
+def _whole_events_but_one(per_event: torch.Tensor, pairs: torch.Tensor) -> bool:
+    """Every event in the draw has all its ``pairs`` but at most one, which has fewer."""
+    drawn = per_event > 0
+    return bool((per_event <= pairs).all()) and int((per_event[drawn] < pairs[drawn]).sum()) <= 1
+
+
+def _reference_pairs_per_event(spy: SpyCritic, cond: torch.Tensor) -> torch.Tensor:
+    """(B,) the pairs per event of the reference's last call (which passes the scored
+    events' conditions and counts, no event index): found by matching the conditions."""
+    _, counts, _, scored_cond = spy.calls[-1]
+    match = (scored_cond[:, None, :] == cond[None, :, :]).all(-1)  # (B', B)
+    per_event = torch.zeros(len(cond), dtype=torch.int64)
+    per_event[match.float().argmax(1)] = counts
+    return per_event
+
+
+@pytest.mark.parametrize("max_pairs", [1, 5, 20, 50])
+def test_the_pairs_drawn_by_events_are_whole_events(max_pairs):
+    """By events, the penalty scores whole events and cuts at most one, in the
+    vectorised penalty, in the reference and in the pairs drawn ahead."""
+    torch.manual_seed(0)
+    _, critic = build_models(small_model_config())
+    spy = SpyCritic(critic)
+    cond, real, rc, fake, fc, _ = _pair_batch(3, b=40)
+    k = torch.minimum(rc, fc)
+    ev = torch.repeat_interleave(torch.arange(len(rc)), rc)
+    for seed in range(20):
+        gen = torch.Generator().manual_seed(seed)
+        gradient_penalty(
+            spy, cond, real, rc, fake, fc, max_pairs=max_pairs, by="events", generator=gen
+        )
+        _, per_event, _ = spy.last_call(cond)
+        assert int(per_event.sum()) == min(max_pairs, int(k.sum()))
+        assert _whole_events_but_one(per_event, k)
+        reference_gradient_penalty(
+            spy, cond, real, rc, fake, fc, max_pairs=max_pairs, by="events", generator=gen
+        )
+        per_event = _reference_pairs_per_event(spy, cond)
+        assert int(per_event.sum()) == min(max_pairs, int(k.sum()))
+        assert _whole_events_but_one(per_event, k)
+        slots = draw_pairs(rc, fc, max_pairs=max_pairs, by="events", generator=gen)
+        ahead = torch.zeros(len(rc), dtype=torch.int64).index_add_(
+            0, ev[slots], torch.ones(len(slots), dtype=torch.int64)
+        )
+        assert int(ahead.sum()) == min(max_pairs, int(k.sum()))
+        assert _whole_events_but_one(ahead, k)
+
+
+@pytest.mark.parametrize("by", ["muons", "events"])
+def test_each_pair_is_drawn_with_the_same_probability(by):
+    """Both draws take each valid pair with probability max_pairs / valid pairs: by
+    events too (a uniform order of the events, the cut one's pairs in a random order)."""
+    _, _, rc, _, fc, _ = _pair_batch(5, b=30)
+    ev = torch.repeat_interleave(torch.arange(len(rc)), rc)
+    rank = torch.arange(len(ev)) - (torch.cumsum(rc, 0) - rc)[ev]
+    valid = (rank < torch.minimum(rc, fc)[ev]).nonzero().squeeze(1)
+    draws, max_pairs = 4000, 20
+    seen = torch.zeros(len(ev))
+    for i in range(draws):
+        gen = torch.Generator().manual_seed(i)
+        seen[draw_pairs(rc, fc, max_pairs=max_pairs, by=by, generator=gen)] += 1
+    p = max_pairs / len(valid)
+    sd = (p * (1 - p) / draws) ** 0.5
+    freq = seen[valid] / draws
+    assert seen.sum() == draws * max_pairs and (seen[valid] > 0).all()
+    assert (freq - p).abs().max() < 5 * sd  # each pair's frequency within 5 sigma of p
+
+
+def test_an_unknown_draw_is_an_error():
+    _, critic = build_models(small_model_config())
+    cond, real, rc, fake, fc, _ = _pair_batch(1)
+    with pytest.raises(ValueError, match="draw 'pairs'"):
+        gradient_penalty(critic, cond, real, rc, fake, fc, max_pairs=3, by="pairs")
+    with pytest.raises(ValueError, match="draw 'pairs'"):
+        draw_pairs(rc, fc, max_pairs=3, by="pairs")
 
 
 @pytest.mark.parametrize("max_pairs", [1, 5, 20])

@@ -148,11 +148,13 @@ def test_a_sharded_step_is_deterministic(small_shards):
     assert not all(torch.equal(x, y) for x, y in zip(a, params(gen) + params(critic)))
 
 
+@pytest.mark.parametrize("by", ["muons", "events"])
 @pytest.mark.parametrize("norm", ["muon", "event"])
-def test_the_penalty_pairs_are_drawn_once_for_the_whole_batch(small_shards, norm):
+def test_the_penalty_pairs_are_drawn_once_for_the_whole_batch(small_shards, norm, by):
     """The step draws the pairs for the whole microbatch and hands each shard its own,
     renumbered from the shard's first muon, with the microbatch's count of terms: the
-    microbatch pairs at most gp_max_pairs, and only its real muons."""
+    microbatch pairs at most gp_max_pairs, and only its real muons; drawn by events
+    (optim.gp_draw), whole events but at most one."""
     calls = []
 
     def recording(critic, cond, real, real_counts, *args, slots=None, denominator=None, **kw):
@@ -164,7 +166,7 @@ def test_the_penalty_pairs_are_drawn_once_for_the_whole_batch(small_shards, norm
         )
 
     gen, critic = small_models()
-    ocfg = OptimConfig(n_critic=1, gp_every=1, gp_max_pairs=40, gp_norm=norm)
+    ocfg = OptimConfig(n_critic=1, gp_every=1, gp_max_pairs=40, gp_norm=norm, gp_draw=by)
     step = GanStep(gen, critic, ocfg, TrainConfig(step_shards=2), "cpu", penalty_fn=recording)
     batch = toy_batch(64, torch.Generator().manual_seed(3))
     step([batch])
@@ -172,14 +174,23 @@ def test_the_penalty_pairs_are_drawn_once_for_the_whole_batch(small_shards, norm
     assert sum(len(slots) for _, _, slots, _ in calls) == 40  # the microbatch's cap
     (_, _, _, d0), (_, _, _, d1) = calls
 
+    def events_of(counts):
+        return torch.repeat_interleave(torch.arange(len(counts)), counts)
+
     def events_with_pairs(counts, slots):
-        return len(torch.unique(torch.repeat_interleave(torch.arange(len(counts)), counts)[slots]))
+        return len(torch.unique(events_of(counts)[slots]))
 
     events = sum(events_with_pairs(counts, slots) for _, counts, slots, _ in calls)
     assert d0 == d1 == (40 if norm == "muon" else events)
     inputs = critic.inputs(batch.muons)
     drawn = torch.cat([real[slots] for real, _, slots, _ in calls])
     assert all((inputs == row).all(-1).any() for row in drawn)  # each one a real muon
+    if by == "events":  # the fakes carry the real counts: an event's pairs are its muons
+        cut = 0
+        for _, counts, slots, _ in calls:
+            per = torch.bincount(events_of(counts)[slots], minlength=len(counts))
+            cut += int(((per > 0) & (per < counts)).sum())
+        assert cut <= 1
 
 
 def test_an_error_in_another_shard_reaches_the_caller(small_shards):
