@@ -215,8 +215,9 @@ class OptimConfig:
     gp_draw: Literal["muons", "events"] = "muons"
     """How the gp_max_pairs pairs are drawn when there are more: muons (a uniform subset
     of the pairs, the original's) or events (whole events in a random order until the
-    cap, the last one cut; each pair is in with the same probability, and the penalty
-    scores fewer events)."""
+    cap, the last one cut; each pair is in with the same probability, and the penalty's
+    critic scores about a muon-count fewer events: 6-7% off the production preset's rich
+    CPU step, the quality preset's fidelity within its seeds' spread; docs/speed.md)."""
     gp_norm: Literal["muon", "event"] = "muon"
     """Gradient norm penalised: per paired muon (the original's) or per event's paired set.
     The quality preset uses event: median ratio to the floor 1.34-1.57 against 1.62-1.79
