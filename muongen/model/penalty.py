@@ -32,7 +32,7 @@ step's CPU shards) draws its pairs once for all its events (:func:`draw_pairs`) 
 each part its own (``slots``) with the whole batch's count (``denominator``,
 :func:`pair_count`): the parts' penalties then sum to the whole batch's, for the same
 draws. All of it is index arithmetic
-on the device (repeat_interleave, cumsum, topk, index_add); the tensor shapes depend only
+on the device (repeat_interleave, cumsum, topk, argsort, index_add); the tensor shapes depend only
 on the number of real muons and on max_pairs, which the host knows, so nothing is read
 back from an accelerator (on the CPU the number of events with pairs is read: free).
 Rows that are not valid pairs (or not drawn) are parked in one extra dummy event whose
