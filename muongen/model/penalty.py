@@ -45,6 +45,7 @@ empty events (:func:`muongen.model.generator.events_with_muons`).
 
 from __future__ import annotations
 
+import itertools
 from typing import Literal
 
 import torch
@@ -305,12 +306,12 @@ def reference_gradient_penalty(
         if by == "muons":
             chosen[torch.randperm(total, device=device, generator=generator)[:max_pairs]] = True
         else:
-            starts = [sum(ks[:i]) for i in range(len(ks))]
+            starts = [0, *itertools.accumulate(ks)]
             left = max_pairs
-            for i in torch.randperm(len(ks), generator=generator).tolist():
+            for i in torch.randperm(len(ks), device=device, generator=generator).tolist():
                 take = min(ks[i], left)
-                pick = torch.randperm(ks[i], generator=generator)[:take] + starts[i]
-                chosen[pick.to(device)] = True
+                pick = torch.randperm(ks[i], device=device, generator=generator)[:take]
+                chosen[pick + starts[i]] = True
                 left -= take
                 if not left:
                     break

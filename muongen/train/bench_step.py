@@ -217,6 +217,10 @@ def _overrides(args: argparse.Namespace, batch_events: int | None, device: str) 
         out.append(f"train.precision={args.precision}")
     if args.gp_every is not None:
         out.append(f"optim.gp_every={args.gp_every}" if args.gp_every > 0 else "optim.gp_lambda=0")
+    if args.reference_gp:
+        # the reference draws its pairs in one piece and reads counts on the host: no
+        # shards (whose pairs are drawn ahead for the batch), no CUDA graph
+        out += ["train.step_shards=1", "train.cuda_graphs=false"]
     return out
 
 

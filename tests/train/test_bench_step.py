@@ -35,6 +35,18 @@ def test_gp_every_0_turns_the_penalty_off(capsys):
     assert "GP off" in text
 
 
+def test_the_reference_penalty_times_one_shard(capsys):
+    # a rich batch the 2-thread CPU step would cut into shards; the reference penalty
+    # draws its own pairs (by events, as the preset does), so the bench times one shard
+    text, fig = _bench(
+        capsys, "--reference-gp", "--mix", "rich", "--batch", "1500", "--n-critic", "1",
+        "--gp-every", "1", "--gp-pairs", "256", "--threads", "2",
+        "--set", "model.global_hidden=[16]",
+    )  # fmt: skip
+    assert fig["reference_gp"] and fig["events_per_s"] > 0 and fig["skipped"] == 0
+    assert "per-event reference" in text
+
+
 def test_a_preset_on_its_own_files(capsys, tiny_data):
     # the quality preset (3 critic updates, GP on each, 2 shards of one thread each) on
     # 96 events of real files, as many from the start of each
