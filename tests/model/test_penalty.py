@@ -32,15 +32,28 @@ class SpyCritic(torch.nn.Module):
         """The last scored set in the numbering of the caller's events ``cond`` (B, 4):
         rows (M, F), pairs per event (B,), and each row's event (-1: the dummy event)."""
         x, _, ev, scored_cond = self.calls[-1]
-        # the penalty scores only the events with pairs, renumbered; their conditions
-        # (distinct random rows here) say which events they are
-        match = (scored_cond[:-1, None, :] == cond[None, :, :]).all(-1)  # (B' + 1 - 1, B)
-        original = torch.where(match.any(1), match.float().argmax(1), -1)
+        original = _events_of(scored_cond[:-1], cond)
         original = torch.cat([original, torch.tensor([-1])])  # the dummy event, last
         ev = original[ev]
         per_event = torch.zeros(len(cond), dtype=torch.int64)
         per_event.index_add_(0, ev[ev >= 0], torch.ones(int((ev >= 0).sum()), dtype=torch.int64))
         return x, per_event, ev
+
+    def last_reference_call(self, cond):
+        """(B,) the pairs per event of the last call by the reference, which hands the
+        scored events' conditions and counts (no dummy event, no event index)."""
+        _, counts, _, scored_cond = self.calls[-1]
+        per_event = torch.zeros(len(cond), dtype=torch.int64)
+        per_event[_events_of(scored_cond, cond)] = counts
+        return per_event
+
+
+def _events_of(scored_cond: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+    """(B',) which of the caller's events ``cond`` (B, 4) each scored event is (-1: none).
+    The penalty scores only the events with pairs, renumbered; their conditions (distinct
+    random rows here) say which events they are."""
+    match = (scored_cond[:, None, :] == cond[None, :, :]).all(-1)  # (B', B)
+    return torch.where(match.any(1), match.float().argmax(1), -1)
 
 
 def _pair_batch(seed: int, b: int = 24, n_features: int = 3):
@@ -151,16 +164,6 @@ def _whole_events_but_one(per_event: torch.Tensor, pairs: torch.Tensor) -> bool:
     return bool((per_event <= pairs).all()) and int((per_event[drawn] < pairs[drawn]).sum()) <= 1
 
 
-def _reference_pairs_per_event(spy: SpyCritic, cond: torch.Tensor) -> torch.Tensor:
-    """(B,) the pairs per event of the reference's last call (which passes the scored
-    events' conditions and counts, no event index): found by matching the conditions."""
-    _, counts, _, scored_cond = spy.calls[-1]
-    match = (scored_cond[:, None, :] == cond[None, :, :]).all(-1)  # (B', B)
-    per_event = torch.zeros(len(cond), dtype=torch.int64)
-    per_event[match.float().argmax(1)] = counts
-    return per_event
-
-
 @pytest.mark.parametrize("max_pairs", [1, 5, 20, 50])
 def test_the_pairs_drawn_by_events_are_whole_events(max_pairs):
     """By events, the penalty scores whole events and cuts at most one, in the
@@ -182,7 +185,7 @@ def test_the_pairs_drawn_by_events_are_whole_events(max_pairs):
         reference_gradient_penalty(
             spy, cond, real, rc, fake, fc, max_pairs=max_pairs, by="events", generator=gen
         )
-        per_event = _reference_pairs_per_event(spy, cond)
+        per_event = spy.last_reference_call(cond)
         assert int(per_event.sum()) == min(max_pairs, int(k.sum()))
         assert _whole_events_but_one(per_event, k)
         slots = draw_pairs(rc, fc, max_pairs=max_pairs, by="events", generator=gen)
