@@ -10,7 +10,8 @@
 ``event_log10_total_energy``    W1 of log10 of the summed muon energy (events with muons)
 ``event_log10_leading_energy``  W1 of log10 of the leading muon energy (events with muons)
 ``event_mean_radius``           W1 of the mean radius (m) (events with muons)
-``frechet_event``               Frechet distance of the four event observables (standardised)
+``frechet_event``               Frechet distance of the four event observables (standardised;
+                                the mean radius in log10)
 ``muon_log10_energy_n<K>``      W1 of muon log10 E within bundles of N in multiplicity bin K
 ``muon_log10_radius_n<K>``      W1 of muon log10 r within bundles of N in multiplicity bin K
 ``muon_log10_radius_by_energy`` the energy-radius correlation: W1 of log10 r in decades of
@@ -48,7 +49,7 @@ from scipy.stats import wasserstein_distance
 
 from muongen.evaluate.features import (
     BUNDLE_SIZE,
-    EVENT_OBSERVABLES,
+    FRECHET_OBSERVABLES,
     LOG10_RADIUS,
     MUON_OBSERVABLES,
     EventSample,
@@ -294,14 +295,14 @@ def radius_by_energy(ref: EventSample, other: EventSample, grid: MuonGrid | None
 
 
 def standardiser(sample: EventSample) -> tuple[np.ndarray, np.ndarray]:
-    """(mean, std) of the event observables of ``sample`` (events with muons), for Frechet.
+    """(mean, std) of the Frechet observables of ``sample`` (events with muons).
 
-    The observables have different units (dex, m); every comparison standardises with the
-    same reference numbers so that its values stay comparable.
+    The observables have different spreads; every comparison standardises with the same
+    reference numbers so that its values stay comparable.
     """
     m = sample.event_matrix()
     if len(m) < 2:
-        return np.zeros(len(EVENT_OBSERVABLES)), np.ones(len(EVENT_OBSERVABLES))
+        return np.zeros(len(FRECHET_OBSERVABLES)), np.ones(len(FRECHET_OBSERVABLES))
     std = m.std(0)
     return m.mean(0), np.where(std > 0, std, 1.0)
 

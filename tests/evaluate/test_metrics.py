@@ -83,6 +83,25 @@ def test_compute_metrics_sees_an_energy_shift_and_nothing_else(toy):
     assert shifted["frechet_event"] > 0.05
 
 
+def test_frechet_takes_the_mean_radius_in_log10_and_is_not_ruled_by_one_wide_event(toy):
+    real = toy(4000, seed=0)
+    radii = real.event["mean_radius"][real.counts > 0]
+    np.testing.assert_allclose(real.event_matrix()[:, 3], np.log10(radii))
+    other = toy(4000, seed=1)
+    before = compute_metrics(real, other, names=("frechet_event",))["frechet_event"]
+    # one more event of the same primaries, its single muon 3 km from the axis
+    wide_muons = np.concatenate([other.physical_muons(), [[100.0, 3000.0, 0.0]]])
+    wide = EventSample.from_arrays(
+        np.concatenate([other.conditions, other.conditions[:1]]),
+        wide_muons,
+        np.concatenate([other.counts, [1]]),
+    )
+    after = compute_metrics(real, wide, names=("frechet_event",))["frechet_event"]
+    # in metres that one event moves the distance by ~8 (it alone triples the spread of
+    # the mean radius); in log10 by less than 0.005
+    assert abs(after - before) < 0.005
+
+
 def test_compute_metrics_rejects_unknown_names(toy):
     s = toy(50)
     with pytest.raises(ValueError, match="unknown metric"):
