@@ -478,32 +478,32 @@ def test_the_step_trains_the_hurdle_head_by_its_own_loss():
     assert moved == {"zero", "knots"}
 
 
+def _gan_state(gen) -> dict[str, torch.Tensor]:
+    """The generator's weights outside its multiplicity head."""
+    return {k: v for k, v in gen.state_dict().items() if not k.startswith("multiplicity.")}
+
+
 def test_the_gan_trains_apart_from_the_multiplicity_head():
     """With the real counts on the fakes the GAN part (critic, and the generator outside its
     multiplicity head) gets the same updates whatever the head is: docs/fidelity.md ("The
     exact small counts in the preset") compares heads on one GAN on that ground."""
     ocfg = OptimConfig(n_critic=2, gp_every=1, event_weight="log")
-    runs = []
-    for exact in (0, 2):
-        gen, critic = small_models(seed=5, mult_exact=exact)
-        if runs:  # the first run's GAN weights, this run's own head
-            (gen0, critic0), _ = runs[0]
-            gan = {k: v for k, v in gen0.state_dict().items() if not k.startswith("multiplicity.")}
-            assert not gen.load_state_dict(gan, strict=False).unexpected_keys
-            critic.load_state_dict(critic0.state_dict())
-        start = (copy.deepcopy(gen), copy.deepcopy(critic))
+    gen0, critic0 = small_models(seed=5, mult_exact=0)
+    gen2, critic2 = small_models(seed=5, mult_exact=2)
+    # the same GAN weights, each its own head
+    assert not gen2.load_state_dict(_gan_state(gen0), strict=False).unexpected_keys
+    critic2.load_state_dict(critic0.state_dict())
+    local_before = params(gen0.local_net)
+    for gen, critic in ((gen0, critic0), (gen2, critic2)):
         step = GanStep(gen, critic, ocfg, TrainConfig(), "cpu")
         torch.manual_seed(7)
         for i in range(3):
             step(micro(seed=i))
-        runs.append((start, (gen, critic)))
-    (_, (gen0, critic0)), (_, (gen2, critic2)) = runs
-    gan0 = {k: v for k, v in gen0.state_dict().items() if not k.startswith("multiplicity.")}
-    gan2 = {k: v for k, v in gen2.state_dict().items() if not k.startswith("multiplicity.")}
+    gan0, gan2 = _gan_state(gen0), _gan_state(gen2)
     assert gan0.keys() == gan2.keys()
     assert all(torch.equal(gan0[k], gan2[k]) for k in gan0)
     assert same(params(critic0), params(critic2))
-    assert not same(params(gen0.local_net), params(runs[0][0][0].local_net))  # it trained
+    assert not same(params(gen0.local_net), local_before)  # it trained
 
 
 def _check_critic_update(gen, crit, batch, ocfg, weight=None):
