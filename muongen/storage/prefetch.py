@@ -163,9 +163,12 @@ class Prefetcher:
                 # earlier one still being sized would otherwise be given up as "cache full"
                 entry.seq = min(e.seq for e in self._entries.values()) - 1
                 self._cond.notify_all()
+            # A file waiting for its bytes is waited for while they fit: then it waits only
+            # for the worker to wake, or for files wanted after it (by other readers, so
+            # earlier in reading order now) to finish sizing and reserve theirs
             while not self._closed and (
                 entry.state in (QUEUED, SIZING, DOWNLOADING)
-                or (entry.state == WAITING and self._has_room(entry))  # the worker is waking
+                or (entry.state == WAITING and self._fits(entry))
             ):
                 self._cond.wait(0.5)
             self.stats["wait_s"] += time.monotonic() - start
@@ -231,10 +234,11 @@ class Prefetcher:
     def _staged_ahead(self) -> int:
         return sum(e.state in (SIZING, WAITING, DOWNLOADING, READY) for e in self._entries.values())
 
+    def _fits(self, entry: _Entry) -> bool:
+        return self._used_bytes + entry.size_wanted <= self.max_bytes
+
     def _has_room(self, entry: _Entry) -> bool:
-        return self._used_bytes + entry.size_wanted <= self.max_bytes and not self._earlier_waiting(
-            entry
-        )
+        return self._fits(entry) and not self._earlier_waiting(entry)
 
     def _earlier_waiting(self, entry: _Entry) -> bool:
         """Whether a file read before ``entry`` has not reserved its bytes yet.

@@ -69,8 +69,9 @@ def test_event_stream_with_prefetch(pelican_federation, parquet_ranges, monkeypa
         stream = EventStream(urls, cfg, prefetcher=pf)
         events = sum(b.n_events for b in stream)
         # every event first, then how: a file read directly (5 staged, 1 direct, now and
-        # then on a busy machine) was a file wanted out of order that waited behind an
-        # earlier one still being sized (test_prefetch: ..._behind_an_earlier_one_being_sized)
+        # then on a busy machine) was a file wanted out of order that waited behind another
+        # one still being sized (test_prefetch: ..._behind_an_earlier_one_being_sized and
+        # ..._that_finish_sizing_out_of_order)
         assert events == 6 * 300, pf.stats
         assert pf.stats["staged"] == 6 and pf.stats["direct"] == 0, pf.stats
         assert [n for n in os.listdir(cache) if not n.startswith(".")] == []  # deleted after use

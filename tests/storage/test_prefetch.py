@@ -126,3 +126,31 @@ def test_a_wanted_file_does_not_wait_behind_an_earlier_one_being_sized(
         assert Path(local).read_bytes() == sample_bytes(sim_tree[1])
         assert pf.local_path(urls[0]) is not None
         assert pf.stats["staged"] == 2 and pf.stats["direct"] == 0, pf.stats
+
+
+def test_two_readers_wanting_files_that_finish_sizing_out_of_order(
+    pelican_federation, sim_tree, tmp_path
+):
+    # Two readers (data.open_files) want their files while both are still being sized; the
+    # second reader's file moves first in reading order. The first reader's file is sized
+    # first and waits to reserve its bytes behind the second's. It used to be given up as
+    # "cache full" and read directly (the later flake of test_integration's prefetch test,
+    # 5 staged and 1 direct); the cache has room for both, so both are staged.
+    fed = pelican_federation
+    token = Token.from_value(fed.token("storage.read:/icecube"), "t")
+    urls = [fed.url(p) for p in sim_tree[:2]]
+    fed.inject("slow", path=sim_tree[0], delay_s=1.0)  # sized at ~1 s ...
+    fed.inject("slow", path=sim_tree[1], delay_s=2.5)  # ... before this one, at ~2.5 s
+    with Prefetcher(str(tmp_path / "c"), ahead=2, workers=2, token=token) as pf:
+        pf.schedule(urls)
+        got: dict[int, str | None] = {}
+        first = threading.Thread(target=lambda: got.update({0: pf.local_path(urls[0])}))
+        first.start()
+        time.sleep(0.3)  # the first reader waits for its file; now the second wants its own
+        got[1] = pf.local_path(urls[1])
+        first.join(timeout=10)
+        assert got[0] is not None and got[1] is not None, pf.stats
+        assert [Path(got[i]).read_bytes() for i in (0, 1)] == [
+            sample_bytes(p) for p in sim_tree[:2]
+        ]
+        assert pf.stats["staged"] == 2 and pf.stats["direct"] == 0, pf.stats
