@@ -284,15 +284,17 @@ class TrainConfig:
     shards 9-27% on the shared bench's rich batch; docs/speed.md, "Shards on the CPU").
     0: auto, 2 when torch has 2 or more threads on the CPU, else 1 (and 1 off the CPU,
     where the device runs ahead of Python, and with ``compile``)."""
-    cpu_matmul: Literal["onednn", "blas"] = "onednn"
+    cpu_matmul: Literal["auto", "onednn", "blas"] = "auto"
     """Which library runs the model's fp32 matrix products outside autograd on the CPU (the
     critic's fake sets, sampling, evaluation; :func:`muongen.model.layers.linear`):
-    ``onednn`` or ``blas``, torch's own (MKL in its x86 wheels, which runs its AVX2 kernels
-    on AMD processors; oneDNN ran this model's products 2x faster on an AVX-512 AMD EPYC,
-    2026-11-28). Under autograd the products are torch's own either way: through oneDNN
-    there they cost a Python backward per product, which made the step in 2 shards 20-30%
-    slower (docs/speed.md, "oneDNN for the products outside autograd"). Process-wide;
-    ``blas`` where the build has no oneDNN."""
+    ``onednn``, or ``blas``, torch's own (MKL in its x86 wheels). ``auto``: oneDNN on AMD
+    processors, where MKL runs its AVX2 kernels and oneDNN ran this model's products 2x
+    faster (AVX-512 EPYC, 2026-11-28), torch's BLAS elsewhere (on an AVX-512 Xeon, where
+    MKL runs its AVX-512 kernels, oneDNN's padded rows made the step 10-12% and sampling
+    18-25% slower, 2026-12-01). Under autograd the products are torch's own either way:
+    through oneDNN there they cost a Python backward per product, which made the step in 2
+    shards 20-30% slower (docs/speed.md, "oneDNN for the products outside autograd").
+    Process-wide; ``blas`` where the build has no oneDNN."""
     fake_counts: Literal["real", "predicted"] = "real"
     """Muons per fake event in training: the real event's count, or the head's prediction."""
     cuda_graphs: bool = False

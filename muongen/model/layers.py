@@ -14,16 +14,43 @@ from muongen.model.pooling import rows_of
 #: this torch build)
 _ONEDNN_LINEAR = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
 _HAS_ONEDNN = _ONEDNN_LINEAR is not None and torch.backends.mkldnn.is_available()
-_onednn = {"on": _HAS_ONEDNN}
+
+
+def cpu_vendor() -> str:
+    """The x86 processor's vendor string (``AuthenticAMD``, ``GenuineIntel``), or "" where
+    /proc/cpuinfo does not name one (another OS, another architecture)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def onednn_pays(vendor: str | None = None) -> bool:
+    """Whether oneDNN beats torch's BLAS for this model's products on ``vendor``'s
+    processors (default: this machine's; ``train.cpu_matmul: auto``): on AMD's, where the
+    MKL in torch's wheels runs its AVX2 kernels. On Intel's MKL runs its AVX-512 ones and
+    was the faster (docs/speed.md, "oneDNN for the products outside autograd"); other
+    processors were not measured and keep torch's own."""
+    return (cpu_vendor() if vendor is None else vendor) == "AuthenticAMD"
+
+
+_onednn = {"on": _HAS_ONEDNN and onednn_pays()}
 #: below this many rows a product is torch's own (oneDNN's call costs ~10 us more)
 ONEDNN_MIN_ROWS = 256
 
 
-def use_onednn(on: bool) -> bool:
+def use_onednn(on: bool | str) -> bool:
     """Whether :func:`linear` runs fp32 products outside autograd on the CPU through oneDNN
-    (the default where the build has it) or torch's BLAS. Process-wide; the training step
-    sets it from ``train.cpu_matmul``. Returns the setting now in force (False where the
-    build has no oneDNN)."""
+    or torch's BLAS: True, False, or a ``train.cpu_matmul`` value (``auto``: where
+    :func:`onednn_pays`, the default at import). Process-wide; the training step sets it
+    from ``train.cpu_matmul``. Returns the setting now in force (False where the build has
+    no oneDNN)."""
+    if isinstance(on, str):
+        on = onednn_pays() if on == "auto" else on == "onednn"
     _onednn["on"] = bool(on) and _HAS_ONEDNN
     return _onednn["on"]
 
@@ -60,14 +87,15 @@ def linear(
     """``x @ weight.T + bias (+ add)``, as ``nn.functional.linear``.
 
     Outside autograd on the CPU in fp32 (the critic's fakes, sampling, evaluation) the
-    product runs through oneDNN's inner product instead of torch's BLAS
-    (:func:`use_onednn`): the MKL in torch's CPU wheels runs its AVX2 kernels on AMD
-    processors, oneDNN its AVX-512 ones, and on such a CPU (AMD EPYC, 2026-11-28, one
-    thread) oneDNN ran this model's products at 180-240 GFLOPS against MKL's 90-100
-    (docs/speed.md, "oneDNN for the products outside autograd"). The same value to fp32
-    rounding. Under autograd, and elsewhere (a GPU, bf16, autocast, tracing for export,
-    torch.compile, an input that is not 2-D, fewer than :data:`ONEDNN_MIN_ROWS` rows, an
-    empty inner dimension), it is ``nn.functional.linear``. ``add`` (N, out), when given,
+    product runs through oneDNN's inner product instead of torch's BLAS where that is
+    switched on (:func:`use_onednn`; by default on AMD processors): the MKL in torch's CPU
+    wheels runs its AVX2 kernels on AMD processors, oneDNN its AVX-512 ones, and on such a
+    CPU (AMD EPYC, 2026-11-28, one thread) oneDNN ran this model's products at 180-240
+    GFLOPS against MKL's 90-100 (docs/speed.md, "oneDNN for the products outside
+    autograd"). The same value to fp32 rounding. Under autograd, and elsewhere (a GPU,
+    bf16, autocast, tracing for export, torch.compile, an input that is not 2-D, fewer
+    than :data:`ONEDNN_MIN_ROWS` rows, an empty inner dimension), it is
+    ``nn.functional.linear``. ``add`` (N, out), when given,
     is added to the result: the split layer's gathered per-event rows (through oneDNN, in
     the product's own pass).
     """

@@ -421,7 +421,7 @@ class GanStep:
         self._rngs = [torch.Generator() for _ in range(self.shards)] if self.shards > 1 else []
         #: whether the CPU's fp32 products outside autograd take oneDNN (train.cpu_matmul;
         #: process-wide)
-        self.onednn = use_onednn(train_cfg.cpu_matmul == "onednn")
+        self.onednn = use_onednn(train_cfg.cpu_matmul)
         self.capturing = False  # recording a CUDA graph (autocast must not cache casts)
         self.graphs = None
         if train_cfg.cuda_graphs:

@@ -3,6 +3,8 @@ fp32 rounding) for any row count and layout, taken only where it applies; train.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -165,5 +167,21 @@ def test_train_cpu_matmul_sets_it(onednn):
     gen, crit = build_models(small_model_config())
     step = GanStep(gen, crit, OptimConfig(), TrainConfig(cpu_matmul="blas"), "cpu")
     assert step.onednn is False and not layers.onednn_in_use()
-    step = GanStep(gen, crit, OptimConfig(), TrainConfig(), "cpu")  # the default
+    step = GanStep(gen, crit, OptimConfig(), TrainConfig(cpu_matmul="onednn"), "cpu")
     assert step.onednn is True and layers.onednn_in_use()
+    step = GanStep(gen, crit, OptimConfig(), TrainConfig(), "cpu")  # the default: auto
+    assert step.onednn is layers.onednn_pays() and layers.onednn_in_use() is step.onednn
+
+
+def test_auto_takes_onednn_on_amd_processors_only(onednn, monkeypatch):
+    # MKL runs its AVX2 kernels on AMD's processors (oneDNN was 2x faster there) and its
+    # AVX-512 ones on Intel's (torch's BLAS was the faster); unmeasured ones keep BLAS
+    assert layers.onednn_pays("AuthenticAMD") and not layers.onednn_pays("GenuineIntel")
+    assert not layers.onednn_pays("")
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            assert f"vendor_id\t: {layers.cpu_vendor()}" in f.read()
+    for vendor, expected in (("AuthenticAMD", True), ("GenuineIntel", False)):
+        monkeypatch.setattr(layers, "cpu_vendor", lambda v=vendor: v)
+        assert onednn("auto") is expected
+        assert onednn("onednn") is True and onednn("blas") is False
