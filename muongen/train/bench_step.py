@@ -305,6 +305,8 @@ def run(args: argparse.Namespace) -> int:
         "gp_lambda": cfg.optim.gp_lambda,
         "optimizer": cfg.optim.optimizer,
         "precision": precision if device == "cuda" else "fp32",
+        # the library of the CPU's products outside autograd (train.cpu_matmul, resolved)
+        "cpu_matmul": None if device == "cuda" else ("onednn" if step.onednn else "blas"),
         "compile": step.compiled,
         "cuda_graphs": step.graphs is not None,
         "graph_replays": step.graphs.replays if step.graphs is not None else 0,
@@ -335,6 +337,7 @@ def run(args: argparse.Namespace) -> int:
         f"{batch.n_events} events / {batch.n_muons} muons ({settings['mean_muons_per_event']} per "
         f"event, {settings['empty_fraction']:.0%} empty, max {settings['max_muons_per_event']}),"
         f" n_critic {cfg.optim.n_critic}, GP {gp}, {cfg.optim.optimizer}, {settings['precision']}"
+        + (f", {settings['cpu_matmul']} products" if settings["cpu_matmul"] else "")
         + (", compiled" if step.compiled else "")
         + (", CUDA graphs" if step.graphs is not None else "")
     )

@@ -35,6 +35,19 @@ def test_gp_every_0_turns_the_penalty_off(capsys):
     assert "GP off" in text
 
 
+@pytest.mark.parametrize("library", ["onednn", "blas"])
+def test_it_names_the_library_of_the_cpu_products(capsys, library):
+    from muongen.model import layers
+
+    before = layers.onednn_in_use()
+    try:
+        text, fig = _bench(capsys, "--batch", "32", "--set", f"train.cpu_matmul={library}")
+    finally:
+        layers.use_onednn(before)
+    ran = library if layers._HAS_ONEDNN else "blas"
+    assert fig["cpu_matmul"] == ran and f", {ran} products" in text
+
+
 def test_the_reference_penalty_times_one_shard(capsys):
     # a rich batch the 2-thread CPU step would cut into shards; the reference penalty
     # draws its own pairs (by events, as the preset does), so the bench times one shard
