@@ -180,6 +180,12 @@ def check_torch(r: Report, *, quick: bool) -> Any:
         except Exception as exc:  # cuDNN library missing from the image
             info["cudnn"] = None
             r.warnings.append(f"cuDNN is not loadable: {exc}")
+    from muongen.model import layers  # imports torch, which just worked
+
+    # which library the CPU's products outside autograd take by default (train.cpu_matmul:
+    # auto): a step or sampling figure differs by 10-25% between them on one machine
+    info["cpu_vendor"] = layers.cpu_vendor() or None
+    info["cpu_matmul"] = "onednn" if layers.onednn_for("auto") else "blas"
     r.info["torch"] = info
     return torch
 
@@ -374,6 +380,10 @@ def format_text(r: Report) -> str:
     else:
         cudnn = f", cuDNN {t['cudnn']}" if t.get("cudnn") else ""
         lines.append(f"  {'torch':<14}{t['version']} (CUDA build {t['cuda_build'] or '-'}{cudnn})")
+        lines.append(
+            f"  {'cpu products':<14}{t['cpu_matmul']} outside autograd by default "
+            f"(train.cpu_matmul: auto; processor {t['cpu_vendor'] or 'unnamed'})"
+        )
     nv = d["nvml"]
     if nv["available"]:
         lines.append(f"gpus (NVML: driver {nv.get('driver')}, CUDA {nv.get('driver_cuda')})")

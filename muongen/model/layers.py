@@ -38,7 +38,7 @@ def onednn_pays(vendor: str | None = None) -> bool:
     return (cpu_vendor() if vendor is None else vendor) == "AuthenticAMD"
 
 
-_onednn = {"on": _HAS_ONEDNN and onednn_pays()}
+_onednn = {"on": _HAS_ONEDNN and onednn_pays()}  # train.cpu_matmul: auto
 #: below this many rows a product is torch's own (oneDNN's call costs ~10 us more)
 ONEDNN_MIN_ROWS = 256
 
@@ -49,10 +49,15 @@ def use_onednn(on: bool | str) -> bool:
     :func:`onednn_pays`, the default at import). Process-wide; the training step sets it
     from ``train.cpu_matmul``. Returns the setting now in force (False where the build has
     no oneDNN)."""
+    _onednn["on"] = onednn_for(on)
+    return _onednn["on"]
+
+
+def onednn_for(on: bool | str) -> bool:
+    """What :func:`use_onednn` would set for ``on`` (nothing is changed)."""
     if isinstance(on, str):
         on = onednn_pays() if on == "auto" else on == "onednn"
-    _onednn["on"] = bool(on) and _HAS_ONEDNN
-    return _onednn["on"]
+    return bool(on) and _HAS_ONEDNN
 
 
 def onednn_in_use() -> bool:

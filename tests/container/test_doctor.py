@@ -210,6 +210,21 @@ def test_text_report_names_every_section(capsys, tmp_path):
         assert part in text
 
 
+def test_it_names_the_library_of_the_cpu_products(capsys, monkeypatch, tmp_path):
+    from muongen.model import layers
+
+    before = layers.onednn_in_use()
+    for vendor in ("AuthenticAMD", "GenuineIntel"):
+        monkeypatch.setattr(layers, "cpu_vendor", lambda v=vendor: v)
+        code, rep = doctor_json(capsys, "--quick", "--scratch", str(tmp_path))
+        ran = "onednn" if vendor == "AuthenticAMD" and layers._HAS_ONEDNN else "blas"
+        assert code == 0 and rep["torch"]["cpu_matmul"] == ran
+        assert rep["torch"]["cpu_vendor"] == vendor
+    assert main(["doctor", "--quick", "--scratch", str(tmp_path)]) == 0
+    assert "cpu products  blas outside autograd" in capsys.readouterr().out
+    assert layers.onednn_in_use() is before  # reported, not changed
+
+
 def test_repo_lock_file_parses(tmp_path):
     # The images' own lock is readable by doctor (its versions may differ from this venv's).
     r = doctor.Report()
