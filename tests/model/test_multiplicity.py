@@ -101,6 +101,31 @@ def test_exact_counts_take_their_share_of_the_draw_and_the_knots_the_rest(shared
     assert "exact" not in "".join(plain.state_dict())
 
 
+@pytest.mark.parametrize("n_exact", [0, 2])
+@torch.no_grad()
+def test_on_the_cpu_the_knots_see_only_the_events_drawn_with_muons(n_exact, monkeypatch):
+    # the exact counts' and the knots' MLPs on the events the draw leaves with muons only
+    # (most events are empty at the production mix); the same draws as the whole batch's
+    # (what a traced export runs)
+    torch.manual_seed(0)
+    head = HurdleMultiplicity(4, [16], 8, 2.5, n_exact=n_exact)
+    head.output_bias("zero").fill_(1.5)  # ~80% empty
+    c, z = torch.randn(20000, 4), torch.randn(20000)
+    rows = []
+    for mlp in [head.knots] + ([head.exact] if n_exact else []):
+        mlp.register_forward_hook(lambda m, args, out: rows.append(args[0].shape[0]))
+    y = head.sample(c, z)
+    empty = normal_cdf(z) < torch.sigmoid(head.params(c)[0])
+    assert rows[: 1 + bool(n_exact)] == [int((~empty).sum())] * (1 + bool(n_exact))
+    assert 0.7 < float(empty.float().mean()) < 0.9
+    rows.clear()
+    monkeypatch.setattr(torch.jit, "is_tracing", lambda: True)  # the whole batch's path
+    whole = head.sample(c, z)
+    assert rows and rows[0] == 20000
+    assert torch.equal(counts_from_log_mult(y), counts_from_log_mult(whole))
+    torch.testing.assert_close(y, whole, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("trunk", ["separate", "shared"])
 def test_exact_counts_learn_the_probabilities_of_one_and_two_muons(trunk):
     """Trained on negative-binomial counts of shape 1 at one condition (a geometric
