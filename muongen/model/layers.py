@@ -100,9 +100,8 @@ def linear(
     autograd"). The same value to fp32 rounding. Under autograd, and elsewhere (a GPU,
     bf16, autocast, tracing for export, torch.compile, an input that is not 2-D, fewer
     than :data:`ONEDNN_MIN_ROWS` rows, an empty inner dimension), it is
-    ``nn.functional.linear``. ``add`` (N, out), when given,
-    is added to the result: the split layer's gathered per-event rows (through oneDNN, in
-    the product's own pass).
+    ``nn.functional.linear``. ``add`` (N, out), when given, is added to the result: the
+    split layer's gathered per-event rows (through oneDNN, in the product's own pass).
     """
     if _takes_onednn(x, weight):
         return _bucketed_product(x, weight, bias, add)

@@ -306,7 +306,7 @@ def run(args: argparse.Namespace) -> int:
         "optimizer": cfg.optim.optimizer,
         "precision": precision if device == "cuda" else "fp32",
         # the library of the CPU's products outside autograd (train.cpu_matmul, resolved)
-        "cpu_matmul": None if device == "cuda" else ("onednn" if step.onednn else "blas"),
+        "cpu_matmul": ("onednn" if step.onednn else "blas") if device == "cpu" else None,
         "compile": step.compiled,
         "cuda_graphs": step.graphs is not None,
         "graph_replays": step.graphs.replays if step.graphs is not None else 0,
