@@ -38,7 +38,6 @@ def onednn_pays(vendor: str | None = None) -> bool:
     return (cpu_vendor() if vendor is None else vendor) == "AuthenticAMD"
 
 
-_onednn = {"on": _HAS_ONEDNN and onednn_pays()}  # train.cpu_matmul: auto
 #: below this many rows a product is torch's own (oneDNN's call costs ~10 us more)
 ONEDNN_MIN_ROWS = 256
 
@@ -58,6 +57,9 @@ def onednn_for(on: bool | str) -> bool:
     if isinstance(on, str):
         on = onednn_pays() if on == "auto" else on == "onednn"
     return bool(on) and _HAS_ONEDNN
+
+
+_onednn = {"on": onednn_for("auto")}  # the process default (train.cpu_matmul: auto)
 
 
 def onednn_in_use() -> bool:
