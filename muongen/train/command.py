@@ -14,7 +14,7 @@ from pathlib import Path
 from muongen.config import load_config, preset_names
 from muongen.errors import CheckpointError
 
-HELP = "train the generator (presets: demo, production-a100; or a YAML file)"
+HELP = f"train the generator (presets: {', '.join(preset_names())}; or a YAML file)"
 
 log = logging.getLogger(__name__)
 
