@@ -14,7 +14,7 @@ batch of a finite run) and muon count N (different in every batch). Each microba
 therefore padded: its N muons are followed by P padding muons (zeros) shared among
 :data:`PAD_EVENTS` extra events at the end, so that N + P is one of a few sizes,
 :func:`padded_size` (at most 1/8 more muons). The extra events are scored like any other
-(static shapes again) but are not ``valid`` (:class:`muongen.train.step._Scored`): their
+(static shapes again) but are not ``valid`` (:class:`muongen.train.scored.Scored`): their
 scores are masked out of every loss, they draw no penalty pair, and the multiplicity
 head never sees them, so the losses and gradients are those of the unpadded microbatch.
 Graphs are kept per (padded shapes of the microbatches, pattern of penalty updates):
@@ -44,14 +44,15 @@ import contextlib
 import logging
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from muongen.data.batch import RaggedBatch
 
-if TYPE_CHECKING:
-    from muongen.train.step import GanStep
+# The step is typed loosely here (``Any``, documented as a GanStep): muongen.train.step
+# imports this module, and importing it back, even for type checking only, would make the
+# package's one import circle (tests/test_import_graph.py keeps the package free of them).
 
 log = logging.getLogger(__name__)
 
@@ -131,15 +132,45 @@ class _Recorded:
             static.muons[n:].zero_()
 
 
+def setup_graphs(step: Any) -> StepGraphs | None:
+    """The :class:`~muongen.train.step.GanStep` ``step``'s CUDA graphs where they apply
+    (``train.cuda_graphs``), else None (logged): on CUDA, in a single-process run, with the
+    fused Adam(W) update. Makes the optimizers' learning rates device tensors (the recorded
+    kernels read them there)."""
+    if step.device.type != "cuda":
+        log.info("train.cuda_graphs applies on CUDA only: the step runs as usual")
+        return None
+    if step.sync_grads is not None:
+        log.info(
+            "train.cuda_graphs applies to single-process runs: with DDP the step runs as usual"
+        )
+        return None
+    if step.optim_cfg.optimizer != "adam" or not step._fused:
+        log.info(
+            "train.cuda_graphs records the fused Adam(W) update (optim.optimizer=adam): "
+            "with %s the step runs as usual",
+            step.optim_cfg.optimizer,
+        )
+        return None
+    # the recorded optimizer kernels read the learning rates from the device; the
+    # schedulers (made before, so their base rates stay host floats) fill them in place
+    for opt in (step.opt_g, step.opt_c):
+        for group in opt.param_groups:
+            group["lr"] = torch.tensor(float(group["lr"]), device=step.device)
+            group["capturable"] = True
+    return StepGraphs(step, step.train_cfg.cuda_graphs_max)
+
+
 class StepGraphs:
-    """Records and replays the :class:`GanStep`'s device work as CUDA graphs.
+    """Records and replays the :class:`~muongen.train.step.GanStep`'s device work as CUDA
+    graphs.
 
     Called by the step with its microbatches; returns the step's output dict, or None
     when this batch is to run as usual (a key beyond ``max_graphs``). The step then
     advances its host-side counters either way.
     """
 
-    def __init__(self, step: GanStep, max_graphs: int) -> None:
+    def __init__(self, step: Any, max_graphs: int) -> None:
         self.step = step
         self.max_graphs = max_graphs
         self.recorded: dict[tuple, _Recorded] = {}

@@ -21,13 +21,13 @@ updates stay on the device (returned as ``skipped``; totals in ``state_dict``). 
 fused kernel exists (e.g. MPS) the fallback reads ``bad`` once per update (one sync).
 Gradients are zeroed after every update either way.
 
-Shards (the CPU only, ``train.step_shards``). A second intra-op thread hardly speeds up
-operations this small, so on the CPU each microbatch is cut into runs of consecutive
-events (:func:`shard_bounds`) whose terms run at once, one thread each (a process-wide
-pool; torch's operations release the GIL). Each shard collects its gradients apart
-(:class:`_ShardGrads`, ``torch.autograd.grad``) and they are summed in shard order before
-one clip and one optimizer step. Each shard draws its noise from its own
-``torch.Generator``, seeded once per step from the global RNG. Every normaliser is the
+Shards (the CPU only, ``train.step_shards``; :mod:`muongen.train.shards`). A second
+intra-op thread hardly speeds up operations this small, so on the CPU each microbatch is
+cut into runs of consecutive events (:func:`shard_bounds`) whose terms run at once, one
+thread each (a process-wide pool; torch's operations release the GIL). Each shard
+collects its gradients apart (:class:`ShardGrads`, ``torch.autograd.grad``) and they are
+summed in shard order before one clip and one optimizer step. Each shard draws its noise
+from its own ``torch.Generator``, seeded once per step from the global RNG. Every normaliser is the
 whole microbatch's, so the shards' terms sum to the uncut microbatch's: the losses are
 sums over a shard's events / the microbatch's B, ``optim.event_weight`` is normalised
 over the microbatch, and the penalty's pairs are drawn once for the whole microbatch (in
@@ -37,8 +37,15 @@ then parallelism only: for the same draws a sharded step equals the unsharded on
 batch too small to cut runs as one shard, exactly as without shards.
 
 Learning rates follow a pure function of the generator step (warm-up, then constant or
-cosine); both schedulers advance once per call, applied or skipped. On resume only the
-step is taken from the checkpoint; the rates come from the current config.
+cosine; :mod:`muongen.train.optimizers`); both schedulers advance once per call, applied
+or skipped. On resume only the step is taken from the checkpoint; the rates come from the
+current config.
+
+The jobs around the step live apart, one module each: the optimizers and their schedule
+(:mod:`muongen.train.optimizers`), the compile probe (:mod:`muongen.train.compile_probe`),
+the CPU shards (:mod:`muongen.train.shards`), the scored events (:mod:`muongen.train.scored`)
+and the CUDA graphs (:mod:`muongen.train.graphs`). The names tests and benchmarks import
+from here are re-exported.
 """
 
 from __future__ import annotations
@@ -47,13 +54,7 @@ import contextlib
 import functools
 import itertools
 import logging
-import math
-import os
-import shutil
-import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -66,273 +67,36 @@ from muongen.model.generator import events_with_muons
 from muongen.model.layers import use_onednn
 from muongen.model.losses import critic_loss, generator_loss, w_gap
 from muongen.model.penalty import draw_pairs, gradient_penalty, pair_count
-from muongen.model.pooling import event_index_of
 from muongen.train import checkpoint as ckpt
+from muongen.train import compile_probe
+from muongen.train.compile_probe import c_compiler, compiles
+from muongen.train.graphs import setup_graphs
 from muongen.train.memory import keep_freed_memory
+from muongen.train.optimizers import host_rates, lr_factor, make_optimizer
+from muongen.train.scored import Cut, Scored, Work
+from muongen.train.shards import (
+    SHARD_MIN_COST,
+    ShardGrads,
+    resolve_shards,
+    shard_bounds,
+    thread_pool,
+)
+
+# re-exported: tests, benchmarks and the shared benches import these from here
+__all__ = [
+    "SHARD_MIN_COST",
+    "GanStep",
+    "c_compiler",
+    "compiles",
+    "lr_factor",
+    "make_optimizer",
+    "resolve_shards",
+    "shard_bounds",
+]
 
 STATE_VERSION = 1
 
 log = logging.getLogger(__name__)
-
-
-def lr_factor(
-    step: int, *, schedule: str, warmup_steps: int, decay_steps: int, min_lr_ratio: float
-) -> float:
-    """Learning rate / peak at generator step ``step`` (0-based)."""
-    if warmup_steps > 0 and step < warmup_steps:
-        return (step + 1) / warmup_steps
-    if schedule == "constant":
-        return 1.0
-    t = min(1.0, (step - warmup_steps) / max(1, decay_steps - warmup_steps))
-    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * t))
-
-
-def make_optimizer(
-    params, cfg: OptimConfig, lr: float, device: torch.device
-) -> torch.optim.Optimizer:
-    """AdamW (decoupled weight decay; Adam when it is 0) or SGD with momentum.
-
-    Fused kernels where torch has them (CUDA, CPU): they accept the skip flag on device.
-    """
-    params = list(params)
-    fused = device.type in ("cuda", "cpu")
-    if cfg.optimizer == "adam":
-        return torch.optim.AdamW(
-            params,
-            lr=lr,
-            betas=(cfg.betas[0], cfg.betas[1]),
-            weight_decay=cfg.weight_decay,
-            fused=fused or None,
-        )
-    opt = torch.optim.SGD(
-        params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, fused=fused or None
-    )
-    if fused and cfg.momentum > 0:
-        # zero buffers up front: fused SGD would otherwise create them uninitialised on its
-        # first step, and a skipped first step would leave garbage in them
-        for p in params:
-            opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
-    return opt
-
-
-@dataclass
-class _Scored:
-    """The events of one microbatch that the critic scores, muons grouped by event.
-
-    With the real counts (``train.fake_counts = "real"``) an event without muons is empty
-    in the real and in the fake set alike: it scores the same in both, so it cancels in the
-    critic's loss and carries no gradient to the generator. Only events with muons are
-    scored then (:func:`muongen.model.generator.events_with_muons`; on an accelerator at
-    most N of the B events, padded with empty rows that are masked out); losses stay sums
-    over the scored events / B, i.e. the means over the batch that the original computes.
-    At the production multiplicity (most events empty) this removes most of the per-event
-    work of the generator and the critic.
-    With the predicted counts every event is scored. With ``optim.event_weight`` each
-    scored event's scores are multiplied by its weight (:meth:`mask`), the same for its
-    real and its fake bundle.
-
-    A microbatch padded for a CUDA graph (:mod:`muongen.train.graphs`) ends with extra
-    events holding the padding muons: they are scored like the others (static shapes) but
-    are not ``valid``, draw no penalty pair and are left out of the multiplicity loss and
-    of ``n_events``, so every loss and gradient is the unpadded microbatch's.
-    """
-
-    # every event of the microbatch, empty ones too (the multiplicity head learns from all)
-    all_cond: torch.Tensor  # (B, 4)
-    all_counts: torch.Tensor  # (B,)
-    cond: torch.Tensor  # (B', 4)
-    muons: torch.Tensor  # (N, F)
-    counts: torch.Tensor  # (B',)
-    n_events: int  # B, the events the losses average over
-    valid: torch.Tensor | None  # (B',) bool: scored rows that count (None: all)
-    weight: torch.Tensor | None = None  # (B',) each scored event's loss weight (None: 1)
-    # (N, F') the real muons mapped to the critic's inputs (Critic.inputs): once per step,
-    # not once per critic call (the map has no trained parameters)
-    inputs: torch.Tensor | None = None
-    gp_pairs: int = 0  # the penalty's pair cap for these events (0: all)
-    padded: bool = False  # the last scored rows may be padding events (see above)
-    # a shard's part of a microbatch cut into shards (None: a whole microbatch)
-    cut: _Cut | None = None
-    event_index: torch.Tensor = field(init=False)  # (N,) the event of each real muon
-    # the critic updates' fake sets of this step, made up front (GanStep._fakes_ahead):
-    # per update the fakes mapped by Critic.inputs (N', F') and their counts (B',)
-    fakes: list[tuple[torch.Tensor, torch.Tensor]] = field(init=False, default_factory=list)
-    # a part's penalty pairs per critic update with the penalty, drawn for its whole
-    # microbatch (GanStep._draw_pairs): k -> (its slots, the microbatch's count of terms)
-    pairs: dict[int, tuple[torch.Tensor, int]] = field(init=False, default_factory=dict)
-    _both: tuple[torch.Tensor, ...] | None = field(init=False, default=None, repr=False)
-
-    def __post_init__(self) -> None:
-        self.event_index = event_index_of(self.counts, self.n_muons)
-
-    def both_sets(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Conditions (2B', 4), counts (2B',) and event index (2N,) of the real set then
-        a fake set with the same counts, scored as one set of 2B' events (made once)."""
-        if self._both is None:
-            b = self.counts.shape[0]
-            self._both = (
-                torch.cat([self.cond, self.cond]),
-                torch.cat([self.counts, self.counts]),
-                torch.cat([self.event_index, self.event_index + b]),
-            )
-        return self._both
-
-    @property
-    def n_muons(self) -> int:
-        return int(self.muons.shape[0])
-
-    def mask(self, scores: torch.Tensor) -> torch.Tensor:
-        """(B',) scores with the rows that do not count set to 0, times their weights."""
-        if self.valid is not None:
-            scores = torch.where(self.valid, scores, 0.0)
-        return scores if self.weight is None else scores * self.weight
-
-    def pair_counts(self, counts: torch.Tensor) -> torch.Tensor:
-        """A scored set's counts as the penalty pairs them: 0 for the rows that do not
-        count (a padded microbatch's extra event must draw no pair)."""
-        return torch.where(self.valid, counts, 0) if self.padded else counts
-
-
-@dataclass(eq=False)
-class _Cut:
-    """A microbatch cut into shards: its parts in event order (one per shard that got
-    events) and its share of the batch's events, which weighs its penalty."""
-
-    parts: list[_Scored]
-    share: float
-
-
-#: the least work (muons plus events with muons) worth a shard of its own: below it the
-#: Python side of a shard's ~3300-3700 operations costs more than the thread saves. In
-#: in-process A/B on 2 cores (2026-11-26), against one shard on 2 threads: 1.13x slower
-#: at ~1000 and ~1900 per shard, even at ~2900, 0.87-0.99x above; the quality preset's
-#: batches (median 6064, 5th percentile 3811) took 13-16% less time a step cut at 2048
-#: than on one thread (docs/speed.md, "Shards on the CPU")
-SHARD_MIN_COST = 2048
-
-#: one shard's share of a step: its scored events and their weights (shares of the batch)
-_Work = list[tuple[_Scored, float]]
-
-
-def shard_bounds(counts: torch.Tensor, shards: int, min_cost: int = 0) -> list[int]:
-    """Event boundaries cutting a microbatch into ``shards`` runs of consecutive events of
-    about equal cost, counted as one per muon plus one per event with muons (an empty
-    event is not scored); into fewer (the last runs empty) when a run would cost less than
-    ``min_cost``. Returns ``shards + 1`` non-decreasing indices from 0 to B."""
-    c = counts.detach().cpu().numpy()
-    cum = np.cumsum(c + (c > 0))
-    total = int(cum[-1]) if len(cum) else 0
-    used = max(1, min(shards, total // max(min_cost, 1)))
-    cuts = np.searchsorted(cum, [total * j / used for j in range(1, used)], side="left")
-    inner = [int(x) + 1 for x in cuts]
-    return [0, *inner, *[len(c)] * (shards - len(inner))]
-
-
-class _ShardGrads:
-    """The parameter gradients of one shard's terms, summed apart from ``.grad`` (each
-    term through ``torch.autograd.grad``): shards running at once never write the same
-    tensor. A parameter no term reached stays None, as its ``.grad`` would."""
-
-    def __init__(self, params: Sequence[torch.Tensor]) -> None:
-        self.params = list(params)
-        self.sums: list[torch.Tensor | None] | None = None
-
-    def backward(self, loss: torch.Tensor) -> None:
-        if not loss.requires_grad:  # a term without a graph (e.g. no pairs for the GP)
-            return
-        self.add(list(torch.autograd.grad(loss, self.params, allow_unused=True)))
-
-    def add(self, grads: list[torch.Tensor | None] | None) -> None:
-        """Add another set of gradients (None entries: not reached)."""
-        if grads is None:
-            return
-        if self.sums is None:
-            self.sums = grads
-        elif all(g is not None for g in grads) and all(s is not None for s in self.sums):
-            self.sums = list(torch._foreach_add(self.sums, grads))
-        else:
-            self.sums = [
-                s if g is None else g if s is None else s + g for s, g in zip(self.sums, grads)
-            ]
-
-
-_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
-_POOLS_LOCK = threading.Lock()
-
-
-def _shard_pool(workers: int, threads_each: int) -> ThreadPoolExecutor:
-    """A process-wide pool of ``workers`` threads, each running torch with
-    ``threads_each`` intra-op threads (set once per thread: the setting is per thread)."""
-    key = (workers, threads_each)
-    with _POOLS_LOCK:
-        if key not in _POOLS:
-            _POOLS[key] = ThreadPoolExecutor(
-                workers,
-                thread_name_prefix="muongen-shard",
-                initializer=torch.set_num_threads,
-                initargs=(threads_each,),
-            )
-        return _POOLS[key]
-
-
-#: torch.compile's backend for ``train.compile`` (a name or a callable; tests swap it)
-COMPILE_BACKEND: str | Callable = "inductor"
-
-
-def c_compiler() -> str | None:
-    """The C compiler torch.compile's code generation would call (``CC``, else cc, gcc or
-    clang on the PATH), or None."""
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
-            return name
-    return None
-
-
-def compiles(setting: bool | str, device: torch.device) -> bool:
-    """Whether ``train.compile`` (true, false or ``cuda``) compiles the step on ``device``:
-    where it asks for it and it can work (:func:`_can_compile`)."""
-    wanted = setting is True or (setting == "cuda" and device.type == "cuda")
-    return wanted and _can_compile(device)
-
-
-def _can_compile(device: torch.device) -> bool:
-    """Whether ``train.compile`` can work here; logs why not (the step then runs as usual).
-
-    torch.compile generates C++ (CPU) or Triton (CUDA) code and builds it with the host's C
-    compiler at run time; some images have none (pytorch/pytorch's runtime images before
-    2026)."""
-    missing = []
-    if c_compiler() is None:
-        missing.append("a C compiler (none of $CC, cc, gcc, clang is on the PATH)")
-    if device.type == "cuda":
-        try:
-            import triton  # noqa: F401
-        except ImportError:
-            missing.append("the triton package")
-    if missing:
-        log.warning(
-            "train.compile needs %s: the step runs uncompiled (install it, or set "
-            "train.compile=false to silence this)",
-            " and ".join(missing),
-        )
-        return False
-    return True
-
-
-def resolve_shards(requested: int, device: torch.device, compiled: bool) -> int:
-    """The step's shard count for ``train.step_shards`` (see there): 1 off the CPU and
-    with ``compile``; 0 (auto) is 2 when torch has 2 or more threads, else 1."""
-    if device.type != "cpu" or compiled:
-        if requested > 1:
-            log.info(
-                "train.step_shards=%d applies to uncompiled training on the CPU only: "
-                "the step runs as one shard",
-                requested,
-            )
-        return 1
-    if requested == 0:
-        return 2 if torch.get_num_threads() >= 2 else 1
-    return requested
 
 
 class GanStep:
@@ -423,17 +187,17 @@ class GanStep:
         #: process-wide)
         self.onednn = use_onednn(train_cfg.cpu_matmul)
         self.capturing = False  # recording a CUDA graph (autocast must not cache casts)
-        self.graphs = None
-        if train_cfg.cuda_graphs:
-            self._setup_graphs()
+        #: the step recorded as CUDA graphs (train.cuda_graphs, where it applies), or None
+        self.graphs = setup_graphs(self) if train_cfg.cuda_graphs else None
         self._generate = generator.generate_with_counts
-        # the critic scores muons already mapped by critic.inputs (see _Scored.inputs)
+        # the critic scores muons already mapped by critic.inputs (see Scored.inputs)
         self._critic_fwd = critic.score
         if self.compiled:
             # a compilation that fails (no libcuda for triton in a container, say) logs its
             # error and runs that code uncompiled instead of ending the run
             torch._dynamo.config.suppress_errors = True
-            compile_ = functools.partial(torch.compile, dynamic=True, backend=COMPILE_BACKEND)
+            backend = compile_probe.COMPILE_BACKEND  # read here: tests swap it
+            compile_ = functools.partial(torch.compile, dynamic=True, backend=backend)
             self._generate = compile_(generator.generate_with_counts)
             # the WGAN terms differentiate the critic once, so they compile; the penalty's
             # double backward does not, and goes through the eager critic.score (the same
@@ -443,33 +207,6 @@ class GanStep:
                 "train.compile: the generator and the critic's WGAN terms are compiled on "
                 "their first call (about a minute; the penalty stays uncompiled)"
             )
-
-    def _setup_graphs(self) -> None:
-        """Record the step as CUDA graphs where that applies (train.cuda_graphs)."""
-        from muongen.train.graphs import StepGraphs
-
-        if self.device.type != "cuda":
-            log.info("train.cuda_graphs applies on CUDA only: the step runs as usual")
-            return
-        if self.sync_grads is not None:
-            log.info(
-                "train.cuda_graphs applies to single-process runs: with DDP the step runs as usual"
-            )
-            return
-        if self.optim_cfg.optimizer != "adam" or not self._fused:
-            log.info(
-                "train.cuda_graphs records the fused Adam(W) update (optim.optimizer=adam): "
-                "with %s the step runs as usual",
-                self.optim_cfg.optimizer,
-            )
-            return
-        # the recorded optimizer kernels read the learning rates from the device; the
-        # schedulers (made before, so their base rates stay host floats) fill them in place
-        for opt in (self.opt_g, self.opt_c):
-            for group in opt.param_groups:
-                group["lr"] = torch.tensor(float(group["lr"]), device=self.device)
-                group["capturable"] = True
-        self.graphs = StepGraphs(self, self.train_cfg.cuda_graphs_max)
 
     # ------------------------------------------------------------------ the step
 
@@ -521,7 +258,7 @@ class GanStep:
         self.sched_g.step()
         self.sched_c.step()
 
-    def updates(self, work: list[_Work], gp_pattern: tuple[bool, ...]) -> dict[str, torch.Tensor]:
+    def updates(self, work: list[Work], gp_pattern: tuple[bool, ...]) -> dict[str, torch.Tensor]:
         """The step's device work: the critic updates (the penalty where ``gp_pattern``
         says) and the generator update; returns :meth:`__call__`'s dict. Reads nothing
         back to the host and leaves the host's counters alone (:meth:`advance`), so a CUDA
@@ -555,7 +292,7 @@ class GanStep:
         }
 
     def _critic_update(
-        self, work: list[_Work], use_gp: bool, k: int
+        self, work: list[Work], use_gp: bool, k: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Critic update ``k`` of the step over every shard's events (its fakes: the k-th
         made up front); returns its loss, gap, penalty and ``bad`` (:meth:`_apply`)."""
@@ -569,7 +306,7 @@ class GanStep:
 
     def _critic_terms(
         self,
-        work: _Work,
+        work: Work,
         backward: Callable[[torch.Tensor], None],
         rng: torch.Generator | None,
         *,
@@ -579,7 +316,7 @@ class GanStep:
         """The critic" loss, mean D(fake) - mean D(real) + lambda GP, of one shard's events.
 
         With the real counts the real and the fake set are scored in one critic call, as
-        one set of 2B' events (:meth:`_Scored.both_sets`; a copy of the fake muons' few
+        one set of 2B' events (:meth:`Scored.both_sets`; a copy of the fake muons' few
         input columns), and back-propagated at once: half the operations of two calls,
         each twice the size (measured 3-10% off the step on the CPU, most with shards,
         where every operation takes and gives back the GIL). With the predicted counts
@@ -642,7 +379,7 @@ class GanStep:
         return loss_sum, gap_sum, gp_sum
 
     def _generator_update(
-        self, work: list[_Work]
+        self, work: list[Work]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         self.opt_g.zero_grad(set_to_none=True)
         self.critic.requires_grad_(False)  # no parameter gradients for the critic here
@@ -655,7 +392,7 @@ class GanStep:
         return g_sum, m_sum, bad
 
     def _generator_terms(
-        self, work: _Work, backward: Callable[[torch.Tensor], None], rng: torch.Generator | None
+        self, work: Work, backward: Callable[[torch.Tensor], None], rng: torch.Generator | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The generator loss of one shard's events; returns its weighted sums of the
         WGAN term, the multiplicity term and their total."""
@@ -681,14 +418,14 @@ class GanStep:
 
     # ------------------------------------------------------------------ shards
 
-    def _shard_work(self, micro: list[RaggedBatch], padded: int = 0) -> list[_Work]:
+    def _shard_work(self, micro: list[RaggedBatch], padded: int = 0) -> list[Work]:
         """Each shard's scored events and their weights (event shares of the batch).
 
         One shard (and microbatches whose last ``padded`` events are padding, for a CUDA
         graph: :mod:`muongen.train.graphs`): the microbatches as given. Several: every
         microbatch is cut into that many runs of consecutive events of about equal cost
         (:func:`shard_bounds`; fewer when a shard would get less than ``SHARD_MIN_COST``),
-        each part knowing its microbatch (:class:`_Cut`: the penalty's pairs are drawn
+        each part knowing its microbatch (:class:`Cut`: the penalty's pairs are drawn
         for the whole microbatch, :meth:`_draw_pairs`) and weighing its events by the
         microbatch's ``optim.event_weight`` normaliser; a microbatch too small to cut
         stays whole in the first shard. Trailing shards left without work are dropped: a
@@ -699,13 +436,13 @@ class GanStep:
         cap = self.optim_cfg.gp_max_pairs
         if self.shards == 1 or padded:
             return [[(self._scored(m, cap, padded), (m.n_events - padded) / total) for m in micro]]
-        work: list[_Work] = [[] for _ in range(self.shards)]
+        work: list[Work] = [[] for _ in range(self.shards)]
         for m in micro:
             bounds = shard_bounds(m.counts, self.shards, min_cost=SHARD_MIN_COST)
             if bounds[1] == m.n_events:  # too little work to cut: whole, in the first shard
                 work[0].append((self._scored(m, cap), m.n_events / total))
                 continue
-            cut = _Cut([], m.n_events / total)
+            cut = Cut([], m.n_events / total)
             scale = self._weight_scale(m.counts) if self.optim_cfg.event_weight != "none" else 0
             for j, (a, b) in enumerate(itertools.pairwise(bounds)):
                 if b > a:
@@ -735,20 +472,20 @@ class GanStep:
         finally:
             torch.set_num_threads(before)
 
-    def _run(self, work: list[_Work], module: nn.Module, terms: Callable) -> list[tuple]:
+    def _run(self, work: list[Work], module: nn.Module, terms: Callable) -> list[tuple]:
         """``terms(shard_work, backward, rng)`` for every shard, their gradients in
         ``module``'s ``.grad``; returns each shard's result.
 
         One shard: in this thread, back-propagated into ``.grad`` as usual, noise from
         the global RNG. Several: shard 0 here and the others on the pool's threads at the
         same time (torch's operations release the GIL), each with its own RNG; each shard
-        collects its gradients apart (:class:`_ShardGrads`) and they are summed in shard
+        collects its gradients apart (:class:`ShardGrads`) and they are summed in shard
         order, so the result does not depend on which thread finishes first.
         """
         if len(work) == 1:
             return [terms(work[0], self._backward, None)]
         params = [p for p in module.parameters() if p.requires_grad]
-        grads = [_ShardGrads(params) for _ in work]
+        grads = [ShardGrads(params) for _ in work]
         results = self._map(
             list(zip(work, grads)), lambda shard, rng: terms(shard[0], shard[1].backward, rng)
         )
@@ -764,11 +501,11 @@ class GanStep:
 
     # ------------------------------------------------------------------ helpers
 
-    def _draw_pairs(self, work: list[_Work], gp_pattern: tuple[bool, ...]) -> None:
+    def _draw_pairs(self, work: list[Work], gp_pattern: tuple[bool, ...]) -> None:
         """The penalty's pairs of every microbatch cut into shards, for each critic update
         with the penalty: drawn here (the global RNG) for all the microbatch's events at
         once, with the real counts and the update's fake counts (made ahead), and handed
-        out to its parts (``_Scored.pairs``: each part's slots, renumbered from its first
+        out to its parts (``Scored.pairs``: each part's slots, renumbered from its first
         muon) with the microbatch's count of terms. So the microbatch pairs at most
         ``optim.gp_max_pairs`` and its parts' penalties sum to its own."""
         if len(work) == 1:
@@ -806,8 +543,8 @@ class GanStep:
 
     def _scored(
         self, mb: RaggedBatch, gp_pairs: int, padded: int = 0, weight_scale: float = 0.0
-    ) -> _Scored:
-        """The events of ``mb`` the critic scores (see :class:`_Scored`); its last
+    ) -> Scored:
+        """The events of ``mb`` the critic scores (see :class:`Scored`); its last
         ``padded`` events hold padding muons (:mod:`muongen.train.graphs`) and do not count.
         ``weight_scale``: the scale of the events' ``optim.event_weight`` terms (0: scaled
         to mean 1 over ``mb``'s events; a shard's part takes its microbatch's)."""
@@ -818,7 +555,7 @@ class GanStep:
         if self.train_cfg.fake_counts != "real":
             if padded:
                 raise ValueError("a padded microbatch needs train.fake_counts=real")
-            return _Scored(
+            return Scored(
                 mb.conditions, mb.counts, mb.conditions, mb.muons, mb.counts, b, None, None,
                 inputs, gp_pairs,
             )  # fmt: skip
@@ -833,13 +570,13 @@ class GanStep:
             # log(1 + N) or sqrt(N), mean 1 over all B events (the unscored empty ones weigh 0)
             f = self._event_weight_terms(torch.where(valid, counts, 0), self.optim_cfg.event_weight)
             weight = f * (weight_scale or b / f.sum().clamp(min=1e-12))
-        return _Scored(
+        return Scored(
             all_cond, all_counts, cond, mb.muons, counts, b, valid, weight, inputs, gp_pairs,
             padded > 0,
         )  # fmt: skip
 
-    def _fakes_ahead(self, work: _Work, rng: torch.Generator | None) -> None:
-        """Every critic update's fake sets of one shard, made at once (``_Scored.fakes``).
+    def _fakes_ahead(self, work: Work, rng: torch.Generator | None) -> None:
+        """Every critic update's fake sets of one shard, made at once (``Scored.fakes``).
 
         The generator does not change during the critic updates, so the n_critic fake
         sets of a step can all be drawn before the first: one generator call on the
@@ -869,7 +606,7 @@ class GanStep:
         own RNG (one shard: this thread, the global RNG); returns each shard's result."""
         if len(work) == 1:
             return [fn(work[0], None)]
-        pool = _shard_pool(self.shards - 1, self.threads_per_shard)
+        pool = thread_pool(self.shards - 1, self.threads_per_shard)
         futures = [pool.submit(fn, w, rng) for w, rng in zip(work[1:], self._rngs[1:])]
         try:
             results = [fn(work[0], self._rngs[0])]
@@ -967,8 +704,8 @@ class GanStep:
         differ in their bytes."""
         return {
             "version": STATE_VERSION,
-            "opt_g": _host_rates(ckpt.optimizer_state(self.opt_g)),
-            "opt_c": _host_rates(ckpt.optimizer_state(self.opt_c)),
+            "opt_g": host_rates(ckpt.optimizer_state(self.opt_g)),
+            "opt_c": host_rates(ckpt.optimizer_state(self.opt_c)),
             "scaler": self.scaler.state_dict(),
             "generator_step_count": self.generator_step_count,
             "critic_step_count": self.critic_step_count,
@@ -1021,12 +758,3 @@ class GanStep:
                 else:
                     group["lr"] = lr
             sched._last_lr = lrs  # what get_last_lr() reports
-
-
-def _host_rates(state: dict) -> dict:
-    """An optimizer state with device-tensor learning rates (``train.cuda_graphs``) saved
-    as floats, as without graphs: a checkpoint does not depend on how the step ran."""
-    for group in state["state"].get("param_groups", []):
-        if torch.is_tensor(group.get("lr")):
-            group["lr"] = float(group["lr"])
-    return state

@@ -272,19 +272,19 @@ def test_compiled_step_matches_the_eager_step(monkeypatch):
 
 
 def test_compile_applies_where_asked_and_possible(monkeypatch, caplog):
-    from muongen.train import step as step_mod
+    from muongen.train import compile_probe
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    monkeypatch.setattr(step_mod, "_can_compile", lambda device: True)
-    assert step_mod.compiles(True, cpu) and step_mod.compiles(True, cuda)
-    assert step_mod.compiles("cuda", cuda) and not step_mod.compiles("cuda", cpu)
-    assert not step_mod.compiles(False, cuda)
+    monkeypatch.setattr(compile_probe, "_can_compile", lambda device: True)
+    assert compile_probe.compiles(True, cpu) and compile_probe.compiles(True, cuda)
+    assert compile_probe.compiles("cuda", cuda) and not compile_probe.compiles("cuda", cpu)
+    assert not compile_probe.compiles(False, cuda)
     monkeypatch.undo()
 
     # no C compiler: a warning naming what is missing, and the step runs as usual
-    monkeypatch.setattr(step_mod, "c_compiler", lambda: None)
+    monkeypatch.setattr(compile_probe, "c_compiler", lambda: None)
     gen, critic = small_models()
-    with caplog.at_level("WARNING", logger="muongen.train.step"):
+    with caplog.at_level("WARNING", logger="muongen.train.compile_probe"):
         step = GanStep(gen, critic, OptimConfig(n_critic=1), TrainConfig(compile=True), "cpu")
     assert not step.compiled and step._critic_fwd == critic.score
     assert "train.compile needs a C compiler" in caplog.text
@@ -297,15 +297,15 @@ def test_a_failed_compilation_runs_the_step_uncompiled(monkeypatch):
     with torch's BLAS: a compiled step never takes oneDNN, train.cpu_matmul)."""
     import torch._dynamo
 
-    from muongen.train import step as step_mod
+    from muongen.train import compile_probe
 
     def broken(gm, example_inputs):
         raise RuntimeError("no libcuda.so for triton")
 
     torch._dynamo.reset()
     monkeypatch.setattr(torch._dynamo.config, "suppress_errors", False)
-    monkeypatch.setattr(step_mod, "_can_compile", lambda device: True)
-    monkeypatch.setattr(step_mod, "COMPILE_BACKEND", broken)
+    monkeypatch.setattr(compile_probe, "_can_compile", lambda device: True)
+    monkeypatch.setattr(compile_probe, "COMPILE_BACKEND", broken)
     results = []
     for compile_ in (False, True):
         gen, critic = small_models()
