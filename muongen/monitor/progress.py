@@ -2,11 +2,15 @@
 
 A plain line reads::
 
-    step 1200/5000 | 45.1 batch/s | 1.2e5 ev/s | 4.0e4 mu/s | c_loss -1.23 | g_loss 0.5 |
-    m_loss 0.01 | w_gap 1.2 (ma 1.1) | healthy
+    step 1200/5000 | 2:03 elapsed | eta 8:21 | 45.1 batch/s | 1.2e5 ev/s | 4.0e4 mu/s |
+    c_loss -1.23 | g_loss 0.5 | m_loss 0.01 | w_gap 1.2 (ma 1.1) | healthy
 
-(on one line). Metrics are looked up by the last part of their key, so the trainer can pass
-its TensorBoard dict as is: ``loss/c_loss`` and ``c_loss`` both work. Known names:
+(on one line; no eta for a run bounded only by its data). The bar shows the same times and
+steps/s itself and the metrics after it. Before the first line, one line says what the
+columns are and where they are explained (:data:`DOCS`).
+
+Metrics are looked up by the last part of their key, so the trainer can pass its
+TensorBoard dict as is: ``loss/c_loss`` and ``c_loss`` both work. Known names:
 ``batches_per_s``, ``events_per_s``, ``muons_per_s``, ``c_loss``, ``g_loss``, ``m_loss``,
 ``w_gap``, ``w_gap_ma`` and ``health`` (a label; derived from ``c_loss`` when absent).
 Missing ones are left out of the line, others are ignored.
@@ -16,12 +20,22 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, TextIO
 
 from muongen.monitor.health import classify
 
 Mode = Literal["auto", "bar", "plain"]
+
+#: Where the losses and the other columns are explained (the user guide's training page).
+DOCS = "docs/training.md#reading-the-training-output"
+#: The first line of a run's progress.
+HEADER = (
+    "progress: step | elapsed | eta | throughput | c_loss (critic), g_loss (generator), "
+    "m_loss (multiplicity) | w_gap (critic's distance estimate, ma: moving average) | "
+    f"health. How to read them: {DOCS}"
+)
 
 #: (metric name, unit or label, format) in display order; "g" = 3 significant digits.
 _FIELDS = (
@@ -44,6 +58,16 @@ def _num(value: Any, spec: str) -> str:
         mant, exp = text.split("e")
         text = f"{mant}e{int(exp)}"
     return text
+
+
+def format_seconds(seconds: float) -> str:
+    """``m:ss`` below an hour, ``h:mm:ss`` above, ``?`` when unknown (as tqdm's bar)."""
+    if not math.isfinite(seconds) or seconds < 0:
+        return "?"
+    s = round(seconds)
+    h, rest = divmod(s, 3600)
+    m, sec = divmod(rest, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
 
 
 def _by_name(metrics: Mapping[str, Any]) -> dict[str, Any]:
@@ -76,7 +100,8 @@ class Progress:
 
     In bar mode each update moves the bar and metrics go to its postfix; in plain mode only
     updates with metrics print a line. ``total`` is None for a run bounded only by its data;
-    ``initial`` is the step a resumed run starts from.
+    ``initial`` is the step a resumed run starts from. Elapsed time counts from construction;
+    the ETA uses the pace since the first line (so start-up costs stay out of it).
     """
 
     def __init__(
@@ -86,6 +111,7 @@ class Progress:
         stream: TextIO | None = None,
         *,
         initial: int = 0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if mode not in ("auto", "bar", "plain"):
             raise ValueError(f"progress mode must be auto, bar or plain, got {mode!r}")
@@ -95,7 +121,12 @@ class Progress:
             isatty = getattr(self.stream, "isatty", None)
             mode = "bar" if isatty is not None and isatty() else "plain"
         self.mode = mode
+        self.clock = clock
+        self._t0 = clock()
+        self._mark: tuple[int, float] = (initial, self._t0)  # pace from here
+        self._marked = False
         self._bar = None
+        print(HEADER, file=self.stream, flush=True)
         if mode == "bar":
             from tqdm import tqdm
 
@@ -108,10 +139,24 @@ class Progress:
                 smoothing=0.05,
             )
 
+    def times(self, step: int) -> str:
+        """``2:03 elapsed | eta 8:21`` at ``step`` (no eta without a total or a pace yet)."""
+        now = self.clock()
+        text = f"{format_seconds(now - self._t0)} elapsed"
+        if self.total is None:
+            return text
+        step0, t0 = self._mark
+        if step >= self.total:
+            return text + " | eta 0:00"
+        if step <= step0 or now <= t0:
+            return text + " | eta ?"
+        return text + f" | eta {format_seconds((self.total - step) * (now - t0) / (step - step0))}"
+
     def line(self, step: int, metrics: Mapping[str, Any]) -> str:
         """The plain line for ``step``."""
         rest = format_metrics(metrics)
         head = f"step {step}" if self.total is None else f"step {step}/{self.total}"
+        head += f" | {self.times(step)}"
         return f"{head} | {rest}" if rest else head
 
     def update(self, step: int, metrics: Mapping[str, Any] | None = None) -> None:
@@ -123,6 +168,8 @@ class Progress:
             return
         if metrics is not None:
             print(self.line(step, metrics), file=self.stream, flush=True)
+            if not self._marked:  # the pace counts from the first line
+                self._mark, self._marked = (step, self.clock()), True
 
     def write(self, message: str) -> None:
         """Print a message without breaking the bar."""

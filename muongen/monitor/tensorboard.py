@@ -1,8 +1,17 @@
 """TensorBoard event files for a training run (``torch.utils.tensorboard``), and reading them back.
 
-Tags: ``loss/<name>``, ``throughput/<name>``, ``gpu/<name>``, ``cuda/<name>``,
-``time/<phase>_frac``, ``lr/<name>``, ``hist/real/<feature>``, ``hist/gen/<feature>``.
-Only rank 0 writes; the caller passes ``enabled=False`` on the other ranks.
+Tags: TensorBoard groups a tag by its part before the first ``/`` and sorts the groups by
+name, digits first. The run's headline scalars therefore sit in numbered groups, which open
+the page in this order: ``1_w_gap/`` (``w_gap``, ``w_gap_ma``), ``2_loss/`` (``c_loss``,
+``g_loss``, ``m_loss``, ``gp``), ``3_val/<name>`` (validation scores and plots),
+``4_throughput/<name>`` (``events_per_s``, ...); then the rest by name: ``data/<counter>``,
+``gpu/<name>``, ``cuda/<name>``, ``health/<name>``, ``hist/real|gen/<feature>``,
+``lr/<name>``, ``time/<phase>_frac``. A custom-scalars layout (:data:`LAYOUT`, TensorBoard's
+"Custom scalars" tab) puts the same charts on one page. Only rank 0 writes; the caller passes
+``enabled=False`` on the other ranks.
+
+A run's events go to ``<run dir>/tb/<run folder's name>/`` (:func:`run_log_dir`), so that
+``tensorboard --logdir <run dir>/tb`` names the run after its folder, not ``.``.
 
 Nothing that looks like a bearer token reaches an event file: ``text()`` and ``hparams()``
 pass through :func:`scrub_secrets` (event files are synced to shared storage).
@@ -22,6 +31,37 @@ import torch
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+
+#: Tag groups of the headline scalars (see the module docstring for why they are numbered).
+W_GAP = "1_w_gap/"
+LOSS = "2_loss/"
+VAL = "3_val/"
+THROUGHPUT = "4_throughput/"
+#: TensorBoard's custom-scalars layout: {category: {chart title: ["Multiline", [tag regex]]}}.
+LAYOUT: dict[str, dict[str, list]] = {
+    "training (what to watch)": {
+        "w_gap: the critic's estimate of the generated-simulated distance (ma: moving average)": [
+            "Multiline",
+            [rf"^{W_GAP}"],
+        ],
+        "losses: critic (c), generator (g), multiplicity (m)": [
+            "Multiline",
+            [rf"^{LOSS}(c_loss|g_loss|m_loss)$"],
+        ],
+        "validation: model / floor ratios": ["Multiline", [rf"^{VAL}.*ratio$"]],
+        "events/s (all ranks)": ["Multiline", [rf"^{THROUGHPUT}events_per_s$"]],
+    },
+    "details": {
+        "gradient penalty": ["Multiline", [rf"^{LOSS}gp$"]],
+        "throughput": ["Multiline", [rf"^{THROUGHPUT}"]],
+        "time split of a step": ["Multiline", [r"^time/.*_frac$"]],
+        "learning rates": ["Multiline", [r"^lr/"]],
+        "health": ["Multiline", [r"^health/"]],
+        "input counters": ["Multiline", [r"^data/"]],
+    },
+}
+#: Event files' name prefix.
+EVENT_PREFIX = "events.out.tfevents."
 
 #: Bins of the feature histograms (TensorBoard re-bins for display anyway).
 HIST_BINS = 64
@@ -62,6 +102,17 @@ def scrub_secrets(text: str) -> str:
         return m.group(1) + m.group(2) + REDACTED
 
     return _SECRET_ASSIGN.sub(assign, text)
+
+
+def run_log_dir(run_dir: str | Path) -> Path:
+    """Where a run folder's event files go: ``<run dir>/tb/<its name>`` (TensorBoard names a
+    run after the folder below ``--logdir``); ``<run dir>/tb`` itself where a run written
+    before holds event files there, so a resumed run keeps one folder."""
+    run_dir = Path(run_dir)
+    tb = run_dir / "tb"
+    if any(tb.glob(EVENT_PREFIX + "*")):
+        return tb
+    return tb / (run_dir.resolve().name or "run")
 
 
 def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -110,6 +161,12 @@ class TensorBoardLogger:
             self._writer = SummaryWriter(
                 log_dir=self.log_dir, purge_step=purge_step, flush_secs=flush_secs
             )
+
+    def custom_scalars(self, layout: Mapping[str, Mapping[str, list]] = LAYOUT) -> None:
+        """Write the custom-scalars layout (TensorBoard's "Custom scalars" tab)."""
+        if self._writer is None:
+            return
+        self._writer.add_custom_scalars({k: dict(v) for k, v in layout.items()})
 
     def scalars(self, step: int, values: Mapping[str, Any]) -> None:
         """Write ``{tag: number or 1-element tensor}``; strings and None (labels) are skipped.
@@ -255,22 +312,34 @@ def overlay_figure(
     return fig
 
 
+def _run_folder(log_dir: str | Path) -> Path:
+    """``log_dir`` where it holds event files, else the one folder below it that does (a run
+    folder's ``tb/``: see :func:`run_log_dir`)."""
+    log_dir = Path(log_dir)
+    if any(log_dir.glob(EVENT_PREFIX + "*")):
+        return log_dir
+    runs = {p.parent for p in log_dir.rglob(EVENT_PREFIX + "*")}
+    return runs.pop() if len(runs) == 1 else log_dir
+
+
 def _accumulator(log_dir: str | Path) -> Any:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "histograms": 0})
+    acc = EventAccumulator(str(_run_folder(log_dir)), size_guidance={"scalars": 0, "histograms": 0})
     acc.Reload()
     return acc
 
 
 def read_scalars(log_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
-    """``{tag: [(step, value), ...]}`` from the event files directly in ``log_dir``."""
+    """``{tag: [(step, value), ...]}`` of the run in ``log_dir`` (its event files, or those
+    of the one run folder below it)."""
     acc = _accumulator(log_dir)
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
 def read_tags(log_dir: str | Path) -> dict[str, list[str]]:
-    """Tags per kind (``scalars``, ``histograms``, ``images``, ``tensors``) in ``log_dir``."""
+    """Tags per kind (``scalars``, ``histograms``, ``images``, ``tensors``) of the run in
+    ``log_dir`` (as :func:`read_scalars`)."""
     tags = _accumulator(log_dir).Tags()
     return {
         kind: list(tags.get(kind, [])) for kind in ("scalars", "histograms", "images", "tensors")

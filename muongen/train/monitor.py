@@ -21,6 +21,7 @@ import torch
 from muongen.config import Config
 from muongen.data.batch import RaggedBatch
 from muongen.monitor.health import MovingAverage, classify
+from muongen.monitor.tensorboard import LOSS, THROUGHPUT, VAL, W_GAP
 from muongen.train import distributed as ddp
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,7 @@ class TrainingMonitor:
             enabled=cfg.logging.tensorboard and main,
             purge_step=step + 1 if step else None,
         )
+        self.tb.custom_scalars()
         if main and self.cfg.storage.tb_sync_url:
             from muongen.storage.tbsync import TensorBoardSync
 
@@ -140,13 +142,14 @@ class TrainingMonitor:
         w.update(events=0, muons=0, steps=0, t=now)
         if not self.dist.is_main:
             return
-        scalars = {f"loss/{k}": m[k] for k in ("c_loss", "g_loss", "m_loss", "gp", "w_gap")}
+        # tag groups numbered so that TensorBoard opens on these (tensorboard.py says why)
+        scalars = {f"{W_GAP}w_gap": m["w_gap"], f"{W_GAP}w_gap_ma": m["w_gap_ma"]}
+        scalars.update({f"{LOSS}{k}": m[k] for k in ("c_loss", "g_loss", "m_loss", "gp")})
         scalars.update(
             {
-                "loss/w_gap_ma": m["w_gap_ma"],
-                "throughput/batches_per_s": m["batches_per_s"],
-                "throughput/events_per_s": m["events_per_s"] * world,
-                "throughput/muons_per_s": m["muons_per_s"] * world,
+                f"{THROUGHPUT}batches_per_s": m["batches_per_s"],
+                f"{THROUGHPUT}events_per_s": m["events_per_s"] * world,
+                f"{THROUGHPUT}muons_per_s": m["muons_per_s"] * world,
                 "health/skipped_updates": m["skipped"],
                 **extra,
             }
@@ -194,7 +197,7 @@ class TrainingMonitor:
         if self.validator is None:
             return None
         scalars, figures = self.validator.run(generator, step)
-        self.tb.scalars(step, {f"val/{k}": v for k, v in scalars.items()})
+        self.tb.scalars(step, {f"{VAL}{k}": v for k, v in scalars.items()})
         for tag, fig in figures.items():
-            self.tb.figure(step, f"val/{tag}", fig)
+            self.tb.figure(step, f"{VAL}{tag}", fig)
         return scalars

@@ -29,6 +29,7 @@ from muongen.data.report import REPORT_NAME
 from muongen.data.stream import files_digest
 from muongen.devices import resolve_device
 from muongen.errors import CheckpointError, InputFileError, TrainingError
+from muongen.monitor.tensorboard import run_log_dir
 from muongen.train import distributed as ddp
 from muongen.train.checkpoint import UNWRITABLE, Checkpointer, check_writable, unwritable
 from muongen.train.monitor import TrainingMonitor
@@ -145,7 +146,8 @@ class Trainer:
             range_name=range_name,
             clock=clock,
         )
-        self.tb_dir = Path(cfg.logging.tb_dir or self.run_dir / "tb")
+        # default <run dir>/tb/<run name>: `tensorboard --logdir <run dir>/tb` names the run
+        self.tb_dir = Path(cfg.logging.tb_dir) if cfg.logging.tb_dir else run_log_dir(self.run_dir)
         self.monitor = TrainingMonitor(cfg, self.tb_dir, dist=dist, device=self.device, clock=clock)
         self.counters = Counters()
         self.data = StreamState(self._make_stream)
@@ -425,7 +427,8 @@ class Trainer:
             self._close()
         if main:
             log.info("checkpoints: %s", self.ckpt_dir)
-            log.info("tensorboard: tensorboard --logdir %s", self.tb_dir)
+            logdir = self.tb_dir if cfg.logging.tb_dir else self.run_dir / "tb"
+            log.info("tensorboard: tensorboard --logdir %s", logdir)
         return code
 
     def _loop(self, profile_steps: int) -> int:

@@ -5,7 +5,7 @@ import io
 import pytest
 import torch
 
-from muongen.monitor.progress import Progress, format_metrics
+from muongen.monitor.progress import DOCS, HEADER, Progress, format_metrics, format_seconds
 
 METRICS = {
     "throughput/batches_per_s": 45.1,
@@ -20,22 +20,73 @@ METRICS = {
 }
 
 
+class Clock:
+    """A settable clock, so elapsed times and ETAs are known answers."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
 def test_plain_line_format():
-    out = io.StringIO()
-    p = Progress(5000, mode="plain", stream=out)
+    out, clock = io.StringIO(), Clock()
+    p = Progress(5000, mode="plain", stream=out, clock=clock)
     p.update(1199)  # no metrics: nothing printed in plain mode
-    p.update(1200, METRICS)
+    clock.t += 123.0
+    p.update(1200, METRICS)  # pace so far: 1200 steps in 123 s -> 3800 steps in 389.5 s
     p.close()
     assert out.getvalue() == (
-        "step 1200/5000 | 45.1 batch/s | 1.2e5 ev/s | 4.0e4 mu/s | c_loss -1.23 | "
-        "g_loss 0.5 | m_loss 0.01 | w_gap 1.2 (ma 1.1) | healthy\n"
+        f"{HEADER}\n"
+        "step 1200/5000 | 2:03 elapsed | eta 6:30 | 45.1 batch/s | 1.2e5 ev/s | 4.0e4 mu/s | "
+        "c_loss -1.23 | g_loss 0.5 | m_loss 0.01 | w_gap 1.2 (ma 1.1) | healthy\n"
     )
 
 
-def test_unbounded_run_has_no_total():
+def test_first_line_points_at_the_docs():
     out = io.StringIO()
-    Progress(None, mode="plain", stream=out).update(7, {"c_loss": 1.0})
-    assert out.getvalue() == "step 7 | c_loss 1 | healthy\n"
+    Progress(10, mode="plain", stream=out)
+    first = out.getvalue().splitlines()[0]
+    assert first == HEADER and first.endswith("docs/training.md#reading-the-training-output")
+    assert DOCS in HEADER and "w_gap" in HEADER and "m_loss" in HEADER
+
+
+def test_eta_uses_the_pace_after_the_first_line():
+    # start-up (compilation, normalisers) takes 100 s, then 10 steps/s: the ETA after the
+    # first line must not carry the start-up
+    out, clock = io.StringIO(), Clock()
+    p = Progress(3000, mode="plain", stream=out, clock=clock, initial=1000)
+    clock.t += 100.0 + 10.0
+    p.update(1100, {"c_loss": 1.0})
+    clock.t += 100.0
+    p.update(2100, {"c_loss": 1.0})
+    clock.t += 90.0
+    p.update(3000, {"c_loss": 1.0})
+    lines = out.getvalue().splitlines()[1:]
+    assert lines[0].startswith("step 1100/3000 | 1:50 elapsed | eta 34:50 |")  # 1900 / (100/110)
+    assert lines[1].startswith("step 2100/3000 | 3:30 elapsed | eta 1:30 |")  # 900 at 10/s
+    assert lines[2].startswith("step 3000/3000 | 5:00 elapsed | eta 0:00 |")
+
+
+def test_format_seconds():
+    assert [format_seconds(s) for s in (0, 59.4, 61, 3599, 3600, 90061)] == [
+        "0:00",
+        "0:59",
+        "1:01",
+        "59:59",
+        "1:00:00",
+        "25:01:01",
+    ]
+    assert format_seconds(float("inf")) == "?"
+
+
+def test_unbounded_run_has_no_total():
+    out, clock = io.StringIO(), Clock()
+    p = Progress(None, mode="plain", stream=out, clock=clock)
+    clock.t += 5
+    p.update(7, {"c_loss": 1.0})
+    assert out.getvalue().splitlines()[1] == "step 7 | 0:05 elapsed | c_loss 1 | healthy"
     with Progress(None, mode="bar", stream=io.StringIO()) as p:
         p.update(3, {"c_loss": 1.0})
 
@@ -58,6 +109,7 @@ def test_bar_mode_moves_and_shows_metrics():
         p.write("a message")
         assert p._bar.n == 50
     text = out.getvalue()
+    assert text.startswith(HEADER)
     assert "50/100" in text
     assert "c_loss -1.23" in text
     assert "a message" in text

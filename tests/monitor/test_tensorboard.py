@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -138,3 +140,66 @@ def test_purge_step_hides_points_of_the_killed_run(tmp_path):
             tb.scalars(step, {"loss/c_loss": 10.0 + step})
     steps = [s for s, _ in read_scalars(tmp_path)["loss/c_loss"]]
     assert steps == [0, 1, 2, 3, 4, 5, 6]
+
+
+def _layout(log_dir):
+    from tensorboard.plugins.custom_scalar import layout_pb2, metadata
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"tensors": 0})
+    acc.Reload()
+    (ev,) = acc.Tensors(metadata.CONFIG_SUMMARY_TAG)
+    return layout_pb2.Layout.FromString(ev.tensor_proto.string_val[0])
+
+
+def test_a_training_run_opens_on_w_gap_losses_validation_and_throughput(tmp_path, capsys):
+    # TensorBoard groups tags by their first part and sorts the groups by name: the run's
+    # headline groups must come before the input counters (data/bad_events used to be first)
+    from muongen.config import load_config
+    from muongen.monitor.tensorboard import run_log_dir
+    from muongen.train.distributed import DistInfo
+    from muongen.train.monitor import TrainingMonitor
+
+    cfg = load_config(None, ["logging.progress=plain", "logging.gpu_monitor=false"])
+    log_dir = run_log_dir(tmp_path / "my-run")
+    monitor = TrainingMonitor(cfg, log_dir, dist=DistInfo(), device=torch.device("cpu"))
+    monitor.open(0)
+    out = {k: torch.tensor(0.5) for k in ("c_loss", "g_loss", "m_loss", "gp", "w_gap", "skipped")}
+    extra = {"data/bad_events": 0, "data/bad_files": 0, "lr/generator": 1e-4}
+    monitor.log(10, out, {**extra, "time/critic_frac": 0.5})
+    monitor.tb.scalars(10, {"3_val/median_ratio": 2.0})  # as validate() writes them
+    monitor.close()
+
+    assert log_dir == tmp_path / "my-run" / "tb" / "my-run"  # the run's name in TensorBoard
+    tags = read_scalars(tmp_path / "my-run" / "tb")  # the one run below tb/
+    groups = sorted({tag.split("/")[0] for tag in tags})
+    assert groups[:4] == ["1_w_gap", "2_loss", "3_val", "4_throughput"], groups
+    assert {"data", "health", "lr", "time"} <= set(groups[4:])
+    assert sorted(t for t in tags if t.startswith("1_w_gap/")) == [
+        "1_w_gap/w_gap",
+        "1_w_gap/w_gap_ma",
+    ]
+    assert "4_throughput/events_per_s" in tags and "2_loss/c_loss" in tags
+
+    # the custom-scalars tab: w_gap, losses, validation and events/s first, each chart
+    # matching tags the run wrote
+    layout = _layout(log_dir)
+    first = layout.category[0]
+    titles = [chart.title for chart in first.chart]
+    assert titles[0].startswith("w_gap") and "losses" in titles[1]
+    assert titles[2].startswith("validation") and titles[3].startswith("events/s")
+    for category in layout.category:
+        for chart in category.chart:
+            (regex,) = chart.multiline.tag
+            assert any(re.search(regex, tag) for tag in tags), (chart.title, regex)
+    assert "docs/training.md#reading-the-training-output" in capsys.readouterr().err
+
+
+def test_run_log_dir_keeps_a_run_written_before_in_tb(tmp_path):
+    old = tmp_path / "old"
+    write_old = TensorBoardLogger(old / "tb")
+    write_old.scalars(1, {"x": 1.0})
+    write_old.close()
+    from muongen.monitor.tensorboard import run_log_dir
+
+    assert run_log_dir(old) == old / "tb"  # resuming an older run: no second folder
+    assert run_log_dir(tmp_path / "new") == tmp_path / "new" / "tb" / "new"

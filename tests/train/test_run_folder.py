@@ -24,7 +24,7 @@ def audit_keys(run_dir):
 def c_loss_steps(run_dir):
     from muongen.monitor.tensorboard import read_scalars
 
-    return [s for s, _ in read_scalars(run_dir / "tb")["loss/c_loss"]]
+    return [s for s, _ in read_scalars(run_dir / "tb")["2_loss/c_loss"]]
 
 
 def test_resumed_final_checkpoint_has_the_same_bytes(tiny_config, tmp_path):

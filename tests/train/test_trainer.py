@@ -172,20 +172,24 @@ def test_tensorboard_has_the_scalars(tiny_config, tmp_path):
 
     t = Trainer(tiny_config(train__max_steps=20, logging__hist_every=10), tmp_path / "r")
     t.train()
+    # the run is named after its folder in `tensorboard --logdir r/tb`, not "."
+    assert {p.parent.name for p in (tmp_path / "r" / "tb").rglob("events.out.tfevents.*")} == {
+        "r"
+    }
     scalars = read_scalars(tmp_path / "r" / "tb")
     for tag in (
-        "loss/c_loss",
-        "loss/g_loss",
-        "loss/m_loss",
-        "loss/w_gap",
-        "loss/w_gap_ma",
-        "throughput/events_per_s",
-        "throughput/muons_per_s",
+        "2_loss/c_loss",
+        "2_loss/g_loss",
+        "2_loss/m_loss",
+        "1_w_gap/w_gap",
+        "1_w_gap/w_gap_ma",
+        "4_throughput/events_per_s",
+        "4_throughput/muons_per_s",
         "lr/generator",
     ):
         assert tag in scalars, f"{tag} missing from {sorted(scalars)}"
-    assert [s for s, _ in scalars["loss/c_loss"]] == [5, 10, 15, 20]
-    assert all(np.isfinite(v) for _, v in scalars["loss/c_loss"])
+    assert [s for s, _ in scalars["2_loss/c_loss"]] == [5, 10, 15, 20]
+    assert all(np.isfinite(v) for _, v in scalars["2_loss/c_loss"])
     for phase in ("data_wait", "h2d", "critic", "generator"):  # the time split
         assert f"time/{phase}_frac" in scalars, phase
     assert scalars["time/critic_frac"][-1][1] > 0.05  # the step's own phases are timed
@@ -381,12 +385,13 @@ def test_periodic_validation_reaches_tensorboard(tiny_config, tiny_data, tmp_pat
         tmp_path / "r",
     )
     t.train()
-    val = {k: v for k, v in read_scalars(tmp_path / "r" / "tb").items() if k.startswith("val/")}
+    scalars = read_scalars(tmp_path / "r" / "tb")
+    val = {k: v for k, v in scalars.items() if k.startswith("3_val/")}
     assert val, "no validation scalars"
     assert all(steps == [5, 10] for steps in ([s for s, _ in v] for v in val.values()))
-    assert any(tag.startswith("val/") for tag in read_tags(tmp_path / "r" / "tb")["images"])
+    assert any(tag.startswith("3_val/") for tag in read_tags(tmp_path / "r" / "tb")["images"])
     # the best checkpoint is the validation with the lowest median ratio, kept as best.*
-    medians = dict(val["val/median_ratio"])
+    medians = dict(val["3_val/median_ratio"])
     best_step = min(medians, key=lambda s: (medians[s], s))
     from muongen import checkpoint as fmt
 
