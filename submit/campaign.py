@@ -23,6 +23,7 @@ import yaml
 
 from submit import constants as C
 from submit.errors import CampaignError
+from submit.sweep import Evaluation, Sweep, members, parse_evaluation, parse_sweep
 
 # What to write, quoted in error messages (dotted field -> example value).
 EXAMPLES = {
@@ -176,6 +177,10 @@ class Campaign:
     training: Training = field(default_factory=Training)
     dagman: Dagman = field(default_factory=Dagman)
     credentials: Credentials = field(default_factory=Credentials)
+    sweep: Sweep | None = None
+    """Many chains, one per member (submit/sweep.py); none: one chain."""
+    evaluation: Evaluation | None = None
+    """What each sweep member is scored on after its chain (needs sweep)."""
     source: str = "<campaign>"
     """The file it was read from (for messages); not a YAML key."""
 
@@ -306,9 +311,22 @@ def parse_campaign(text: str, *, source: str = "<campaign>") -> Campaign:
     if not isinstance(raw, dict):
         raise CampaignError(f"{source}: expected a mapping of campaign settings (see {_example()})")
     _refuse_tokens(raw, source, "")
-    campaign = _build(Campaign, raw, source, "", skip=("source",))
-    campaign = dataclasses.replace(campaign, source=source)
+    raw = dict(raw)
+    sweep_raw, eval_raw = raw.pop("sweep", None), raw.pop("evaluation", None)
+    campaign = _build(Campaign, raw, source, "", skip=("source", "sweep", "evaluation"))
+    campaign = dataclasses.replace(
+        campaign,
+        source=source,
+        sweep=None if sweep_raw is None else parse_sweep(sweep_raw, source),
+        evaluation=None if eval_raw is None else parse_evaluation(eval_raw, source),
+    )
     _validate(campaign)
+    if campaign.sweep is not None:
+        if campaign.evaluation is None:
+            _fail(source, "evaluation", "is required with sweep: (data: held-out files, events: N)")
+        members(campaign)  # every member's keys and types, before anything is written
+    elif campaign.evaluation is not None:
+        _fail(source, "evaluation", "scores the members of a sweep: add a sweep: block")
     return campaign
 
 
