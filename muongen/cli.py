@@ -32,6 +32,7 @@ VERBS: dict[str, str] = {
     "inspect": "muongen.data.inspect",
     "outliers": "muongen.data.outliers",
     "tb-merge": "muongen.monitor.tb_merge",
+    "compare": "muongen.compare",
     "bench": "muongen.bench",
     "doctor": "muongen.doctor",
     "config": "muongen.config_command",

@@ -1,0 +1,672 @@
+"""`muongen compare`: one leaderboard from many evaluations (the members of a sweep).
+
+    muongen compare DIR_OR_URL... --out BOARD
+
+Each input is a folder (searched recursively for ``metrics.json``, what ``muongen
+evaluate`` writes), a ``metrics.json`` file, or a pelican:// / osdf:// URL (a file, a glob,
+or a folder searched a few levels down). A ``members.json`` beside the evaluations (written
+by a sweep: member -> its settings and seed) gives each member its settings; without one, a
+member named ``key=value,...,seed=N`` is read from its name. A member that
+``members.json`` lists but that has no readable ``metrics.json`` is a *failed* row.
+
+Writes ``BOARD/leaderboard.md`` and ``BOARD/leaderboard.json``: one row per member with its
+settings, the median and worst ratio to the floor, the tail rows of the evaluation (when
+it has them), the training's wall time and events seen (when the evaluated checkpoint is a
+local chain's), then the best member by :data:`RULE`, the spread over seeds of each
+setting, and one PNG per swept parameter against the score.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import statistics
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from muongen.errors import InputFileError, MuongenError, StorageError
+
+HELP = "rank evaluations (a sweep's members) into leaderboard.md/.json and plots"
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.json"
+MEMBERS_FILE = "members.json"
+BOARD_MD = "leaderboard.md"
+BOARD_JSON = "leaderboard.json"
+FORMAT = "muongen-leaderboard"
+#: Folder names that hold a member's evaluation rather than name the member.
+EVAL_FOLDERS = ("eval", "evaluate", "evaluation", "metrics")
+#: Levels below a remote folder searched for metrics.json (one listing per folder).
+REMOTE_DEPTH = 4
+#: How the best member is chosen; the board says so.
+RULE = (
+    "lowest worst ratio to the floor (a metric without model output counts as infinite), "
+    "then lowest median ratio, then name"
+)
+#: Keys of a member's settings that name its seed (not a setting of the spread).
+SEED_KEYS = ("seed", "train.seed")
+
+
+@dataclass
+class Member:
+    """One row of the leaderboard."""
+
+    name: str
+    source: str = ""  # the metrics.json read ("" when none was found)
+    status: str = "ok"  # ok, or failed
+    error: str = ""
+    settings: dict[str, Any] = field(default_factory=dict)
+    seed: Any = None
+    median: float | None = None
+    worst: float | None = None  # None with worst_no_output: infinite
+    worst_no_output: bool = False
+    worst_where: str | None = None
+    n_metrics: int = 0
+    n_pass: int | None = None
+    n_fail: int | None = None
+    tail: dict[str, dict[str, Any]] = field(default_factory=dict)
+    step: int | None = None
+    checkpoint: str | None = None
+    wall_s: float | None = None
+    events_seen: int | None = None
+    rank: int | None = None
+
+    def score(self) -> tuple[float, float, str]:
+        """The sort key of :data:`RULE` (failed members last)."""
+        if self.status != "ok":
+            return (math.inf, math.inf, "~" + self.name)
+        worst = math.inf if self.worst is None else self.worst
+        median = math.inf if self.median is None else self.median
+        return (worst, median, self.name)
+
+    def setting_key(self) -> str:
+        """The member's settings without the seed, as one canonical string."""
+        kept = {k: v for k, v in self.settings.items() if k not in SEED_KEYS}
+        return ",".join(f"{k}={_value(v)}" for k, v in sorted(kept.items())) or "(defaults)"
+
+
+# --------------------------------------------------------------------------- finding inputs
+
+
+def _read_json(where: str) -> Any:
+    from muongen import storage
+
+    try:
+        raw = storage.cat(where)
+    except StorageError as exc:
+        raise InputFileError(str(exc)) from None
+    except OSError as exc:
+        raise InputFileError(f"cannot read {where}: {exc.strerror or exc}") from None
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputFileError(f"{where} is not JSON ({exc})") from None
+
+
+def find_inputs(item: str, skip: Path | None = None) -> tuple[list[str], list[str]]:
+    """(metrics.json files, members.json files) of one input: folder, file or URL."""
+    from muongen import storage
+
+    if storage.is_remote(item):
+        if item.endswith(".json") and not any(c in item for c in "*?["):
+            return [item], _remote_members([storage.files.parent(item)])
+        pattern = item if any(c in item for c in "*?[") else f"{item.rstrip('/')}/**/{METRICS_FILE}"
+        try:
+            found = storage.expand_inputs(pattern, maxdepth=REMOTE_DEPTH)
+        except StorageError as exc:
+            if "matches no files" not in str(exc):
+                raise
+            found = []
+        metrics = [u for u in found if u.endswith(METRICS_FILE)]
+        members = [u for u in found if u.endswith(MEMBERS_FILE)]
+        tops = [item.rstrip("/")] if not any(c in item for c in "*?[") else []
+        return metrics, members or _remote_members(tops)
+    path = Path(storage.files.local_path(item))
+    if path.is_file():
+        near = [p for p in (path.parent / MEMBERS_FILE, path.parent.parent / MEMBERS_FILE)]
+        return [str(path)], [str(p) for p in near if p.is_file() and p != path]
+    if not path.is_dir():
+        raise InputFileError(f"compare: {item} is neither a file nor a folder; give evaluations")
+    metrics, members = [], []
+    skip_real = os.path.realpath(skip) if skip is not None else None
+    for dirpath, dirnames, filenames in os.walk(path, followlinks=True):
+        if skip_real is not None and os.path.realpath(dirpath) == skip_real:
+            dirnames[:] = []
+            continue
+        dirnames.sort()
+        if METRICS_FILE in filenames:
+            metrics.append(os.path.join(dirpath, METRICS_FILE))
+        if MEMBERS_FILE in filenames:
+            members.append(os.path.join(dirpath, MEMBERS_FILE))
+    return metrics, members
+
+
+def _remote_members(folders: list[str]) -> list[str]:
+    from muongen import storage
+
+    out = []
+    for folder in folders:
+        url = f"{folder.rstrip('/')}/{MEMBERS_FILE}"
+        try:
+            if storage.exists(url):
+                out.append(url)
+        except StorageError:
+            pass
+    return out
+
+
+def read_members(path: str) -> dict[str, dict[str, Any]]:
+    """``members.json`` -> {member: {"settings": {...}, "seed": ..., ...}}.
+
+    Accepted: ``{member: entry}``, ``{"members": {member: entry}}`` or a list of entries
+    with a "name"; an entry's settings may be under "settings" or be the entry itself.
+    """
+    data = _read_json(path)
+    if isinstance(data, dict) and isinstance(data.get("members"), (dict, list)):
+        data = data["members"]
+    if isinstance(data, list):
+        data = {str(e.get("name")): e for e in data if isinstance(e, dict) and e.get("name")}
+    if not isinstance(data, dict):
+        raise InputFileError(f"{path}: expected an object of members, got {type(data).__name__}")
+    out = {}
+    for name, entry in data.items():
+        if not isinstance(entry, dict):
+            continue
+        if isinstance(entry.get("settings"), dict):
+            settings = dict(entry["settings"])
+        else:
+            skip = {"name", "seed", "overrides", "wall_s", "events_seen", "hash"}
+            settings = {k: v for k, v in entry.items() if k not in skip}
+        out[str(name)] = {**entry, "settings": settings}
+    return out
+
+
+def member_name(metrics: str, root: str, known: dict[str, Any]) -> str:
+    """The member a metrics.json belongs to: the deepest folder of its path that
+    ``members.json`` names, else its folder below ``root`` (an eval folder left out)."""
+    parts = PurePosixPath(metrics.replace("\\", "/")).parent.parts
+    for part in reversed(parts):
+        if part in known:
+            return part
+    rel = list(parts[len(PurePosixPath(root.replace("\\", "/")).parts) :])
+    if PurePosixPath(root).name == METRICS_FILE:  # the input was the file itself
+        rel = []
+    while rel and rel[-1] in EVAL_FOLDERS:
+        rel.pop()
+    if rel:
+        return "/".join(rel)
+    parts = list(parts)
+    while parts and parts[-1] in EVAL_FOLDERS:
+        parts.pop()
+    return parts[-1] if parts else "member"
+
+
+def settings_from_name(name: str) -> tuple[dict[str, Any], Any]:
+    """``lr_critic=3e-4,critic_local_width=64,seed=1`` -> (settings, seed); ({}, None) for
+    a name of another form."""
+    import yaml
+
+    settings: dict[str, Any] = {}
+    for item in PurePosixPath(name).name.split(","):
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            return {}, None
+        settings[key] = _parse_value(text, yaml)
+    seed = next((settings[k] for k in SEED_KEYS if k in settings), None)
+    return settings, seed
+
+
+def _parse_value(text: str, yaml) -> Any:
+    """A value written in a member's name: an int, a float (1e-4 too), else YAML."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+# --------------------------------------------------------------------------- one member
+
+
+def _number(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+
+def tail_rows(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The evaluation's tail rows ({label: {"median", "worst", "where"}}), {} without any.
+
+    ``summary["tail"]`` is a {label: row} object or a list of rows with a label; a row
+    gives ``median_ratio`` / ``worst_ratio`` (or ``median`` / ``worst``)."""
+    tail = summary.get("tail")
+    if isinstance(tail, list):
+        tail = {
+            str(r.get("label") or r.get("name") or r.get("where") or i): r
+            for i, r in enumerate(tail)
+            if isinstance(r, dict)
+        }
+    if not isinstance(tail, dict):
+        return {}
+    out = {}
+    for label, row in tail.items():
+        if not isinstance(row, dict):
+            continue
+        out[str(label)] = {
+            "median": _number(row.get("median_ratio", row.get("median"))),
+            "worst": _number(row.get("worst_ratio", row.get("worst"))),
+            "where": row.get("worst", row.get("where")) if "worst_ratio" in row else None,
+        }
+    return out
+
+
+def training_figures(checkpoint: str | None) -> tuple[float | None, int | None]:
+    """(wall seconds, events seen) of the local chain whose checkpoint was evaluated.
+
+    A local chain's range checkpoint sits in ``<member>/<range>/<range>.json`` beside its
+    run folder's ``summary.json``: the wall time is the sum over the ranges' summaries
+    (each range's last run), the events seen are the largest (a counter over the whole
+    chain). (None, None) for a remote checkpoint or one without summaries beside it."""
+    from muongen import storage
+
+    if not checkpoint or storage.is_remote(checkpoint):
+        return None, None
+    here = Path(storage.files.local_path(checkpoint)).parent
+    found = sorted(here.glob("run-*/summary.json")) or []
+    found += sorted(p for p in here.parent.glob("*/run-*/summary.json") if p.parent.parent != here)
+    wall, events = 0.0, None
+    for path in found:
+        try:
+            s = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        wall += float(s.get("wall_s") or 0.0)
+        if isinstance(s.get("events_seen"), int):
+            events = max(events or 0, s["events_seen"])
+    return (round(wall, 1) if found else None), events
+
+
+def read_member(name: str, source: str, entry: dict[str, Any] | None) -> Member:
+    """One member's row from its metrics.json (a failed row when it cannot be read)."""
+    entry = entry or {}
+    settings = dict(entry.get("settings") or {})
+    seed = entry.get("seed")
+    if not settings:
+        settings, name_seed = settings_from_name(name)
+        seed = seed if seed is not None else name_seed
+    if seed is None:
+        seed = next((settings[k] for k in SEED_KEYS if k in settings), None)
+    member = Member(name=name, source=source, settings=settings, seed=seed)
+    if entry.get("wall_s") is not None:
+        member.wall_s = _number(entry["wall_s"])
+    if entry.get("events_seen") is not None:
+        member.events_seen = int(entry["events_seen"])
+    try:
+        result = _read_json(source)
+        summary = result["summary"]
+        if not isinstance(summary, dict) or "worst_ratio" not in summary:
+            raise KeyError("summary.worst_ratio")
+    except InputFileError as exc:
+        member.status, member.error = "failed", str(exc)
+        return member
+    except (KeyError, TypeError) as exc:
+        member.status = "failed"
+        member.error = f"{source} has no evaluation summary ({exc}); re-run muongen evaluate"
+        return member
+    member.median = _number(summary.get("median_ratio"))
+    member.worst = _number(summary.get("worst_ratio"))
+    member.worst_no_output = bool(summary.get("worst_no_output"))
+    member.worst_where = summary.get("worst")
+    member.n_metrics = int(summary.get("n_metrics") or 0)
+    member.n_pass = summary.get("n_pass")
+    member.n_fail = summary.get("n_FAIL")
+    member.tail = tail_rows(summary)
+    meta = result.get("meta") or {}
+    member.step = meta.get("step")
+    member.checkpoint = meta.get("checkpoint")
+    if member.wall_s is None or member.events_seen is None:
+        wall, events = training_figures(member.checkpoint)
+        member.wall_s = member.wall_s if member.wall_s is not None else wall
+        member.events_seen = member.events_seen if member.events_seen is not None else events
+    if member.n_metrics == 0:
+        member.status = "failed"
+        member.error = f"{source}: no metric has a floor (held-out data without muons?)"
+    return member
+
+
+def gather(inputs: list[str], skip: Path | None = None) -> list[Member]:
+    """Every member of ``inputs``, ranked by :data:`RULE` (failed rows last)."""
+    members: dict[str, Member] = {}
+    for item in inputs:
+        metrics, member_files = find_inputs(item, skip)
+        known: dict[str, dict[str, Any]] = {}
+        for path in member_files:
+            known.update(read_members(path))
+        if not metrics and not known:
+            raise InputFileError(
+                f"compare: no {METRICS_FILE} under {item}; run muongen evaluate first "
+                "(or give the folder its --out went to)"
+            )
+        for path in metrics:
+            name = member_name(path, item, known)
+            if name in members:
+                name = f"{name} ({path})"
+            members[name] = read_member(name, path, known.get(name))
+        for name, entry in known.items():  # listed but never evaluated: failed
+            if name not in members:
+                m = read_member(name, "", entry)
+                m.status, m.error = "failed", f"no {METRICS_FILE} found for it under {item}"
+                members[name] = m
+    ranked = sorted(members.values(), key=Member.score)
+    for i, m in enumerate(ranked, 1):
+        m.rank = i if m.status == "ok" else None
+    return ranked
+
+
+# --------------------------------------------------------------------------- the board
+
+
+def spread(members: list[Member]) -> list[dict[str, Any]]:
+    """Per setting (the settings without the seed): the seeds scored and the min, max,
+    mean and standard deviation of the worst and the median ratio over them."""
+    groups: dict[str, list[Member]] = {}
+    for m in members:
+        groups.setdefault(m.setting_key(), []).append(m)
+    rows = []
+    for key, group in groups.items():
+        ok = [m for m in group if m.status == "ok"]
+        row: dict[str, Any] = {
+            "setting": key,
+            "members": [m.name for m in group],
+            "seeds": [m.seed for m in ok],
+            "failed": len(group) - len(ok),
+        }
+        for what in ("worst", "median"):
+            values = [getattr(m, what) for m in ok]
+            values = [math.inf if v is None else v for v in values]
+            finite = [v for v in values if math.isfinite(v)]
+            row[what] = {
+                "min": min(values) if values else None,
+                "max": max(values) if values else None,
+                "mean": statistics.fmean(finite) if finite and len(finite) == len(values) else None,
+                "std": statistics.stdev(finite) if 1 < len(finite) == len(values) else None,
+            }
+            for k in ("min", "max"):
+                if row[what][k] is not None and not math.isfinite(row[what][k]):
+                    row[what][k] = None  # JSON has no infinity; "no output" on the board
+        rows.append(row)
+    return sorted(rows, key=lambda r: (r["worst"]["max"] is None, r["worst"]["max"] or 0))
+
+
+def swept_parameters(members: list[Member]) -> list[str]:
+    """Settings (seed aside) that take more than one value over the members."""
+    values: dict[str, set[str]] = {}
+    for m in members:
+        for k, v in m.settings.items():
+            if k not in SEED_KEYS:
+                values.setdefault(k, set()).add(json.dumps(v, sort_keys=True, default=str))
+    return sorted(k for k, vs in values.items() if len(vs) > 1)
+
+
+def log_spaced(values: list[Any]) -> bool:
+    """Positive numbers spanning a factor 2.5 or more (1e-4 and 3e-4, not 32 and 64): drawn
+    on a log axis."""
+    nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return (
+        len(nums) == len(values) and bool(nums) and min(nums) > 0 and max(nums) >= 2.5 * min(nums)
+    )
+
+
+def plot_parameters(members: list[Member], out: Path) -> list[Path]:
+    """One PNG per swept parameter: its value against the worst and median ratio."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    ok = [m for m in members if m.status == "ok"]
+    paths = []
+    for param in swept_parameters(members):
+        pts = [(m.settings[param], m) for m in ok if param in m.settings]
+        if not pts:
+            continue
+        fig = Figure(figsize=(5, 3.6))
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot()
+        xs_raw = [p for p, _ in pts]
+        if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs_raw):
+            xs = [float(x) for x in xs_raw]
+            if log_spaced(xs_raw):
+                ax.set_xscale("log")
+        else:
+            labels = sorted({_value(x) for x in xs_raw})
+            xs = [labels.index(_value(x)) for x in xs_raw]
+            ax.set_xticks(range(len(labels)), labels)
+        for what, marker in (("worst", "o"), ("median", "s")):
+            ys = [getattr(m, what) for _, m in pts]
+            keep = [(x, y) for x, y in zip(xs, ys) if y is not None]
+            if keep:
+                ax.scatter(*zip(*keep), marker=marker, label=f"{what} ratio", alpha=0.8)
+        ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+        ax.set_xlabel(param)
+        ax.set_ylabel("ratio to floor")
+        ax.set_title(f"score against {param}", fontsize=10)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out / f"score_vs_{_file_part(param)}.png"
+        fig.savefig(path, dpi=100)
+        paths.append(path)
+    return paths
+
+
+def _file_part(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in text)
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, (list, dict)):
+        return json.dumps(v, separators=(",", ":"))
+    return str(v)
+
+
+def _ratio(v: float | None, no_output: bool = False) -> str:
+    if v is None:
+        return "no output" if no_output else "-"
+    return f"{v:.3g}"
+
+
+def _duration(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
+
+
+def _range(stat: dict[str, Any]) -> str:
+    lo, hi, std = stat["min"], stat["max"], stat["std"]
+    if lo is None and hi is None:
+        return "no output"
+    text = f"{_ratio(lo)}-{_ratio(hi)}" if lo != hi else _ratio(lo)
+    return text + (f" (std {std:.2g})" if std is not None else "")
+
+
+def board_markdown(members: list[Member], rows: list[dict[str, Any]], plots: list[Path]) -> str:
+    from muongen.evaluate.report import markdown_table
+
+    tails = sorted({label for m in members for label in m.tail})
+    params = sorted({k for m in members for k in m.settings if k not in SEED_KEYS})
+    header = (
+        "rank",
+        "member",
+        *params,
+        "seed",
+        "median",
+        "worst (where)",
+        *(f"tail: {t} worst (median)" for t in tails),
+        "wall time",
+        "events seen",
+        "status",
+    )
+    table = []
+    for m in members:
+        worst = _ratio(m.worst, m.worst_no_output)
+        if m.worst_where and m.status == "ok":
+            worst += f" ({m.worst_where})"
+        cells = []
+        for t in tails:
+            r = m.tail.get(t)
+            cells.append("-" if r is None else f"{_ratio(r['worst'])} ({_ratio(r['median'])})")
+        table.append(
+            (
+                str(m.rank or "-"),
+                m.name,
+                *(_value(m.settings[p]) if p in m.settings else "-" for p in params),
+                "-" if m.seed is None else str(m.seed),
+                _ratio(m.median),
+                worst,
+                *cells,
+                _duration(m.wall_s),
+                "-" if m.events_seen is None else f"{m.events_seen:,}",
+                m.status if m.status == "ok" else f"failed: {m.error}",
+            )
+        )
+    ok = [m for m in members if m.status == "ok"]
+    lines = ["# muongen leaderboard", ""]
+    if ok:
+        best = ok[0]
+        lines.append(
+            f"**Best member: {best.name}** (worst {_ratio(best.worst, best.worst_no_output)}, "
+            f"median {_ratio(best.median)}). Rule: {RULE}."
+        )
+    else:
+        lines.append(f"No member was scored ({len(members)} failed). Rule: {RULE}.")
+    lines += [
+        "",
+        f"{len(ok)} of {len(members)} members scored. Ratios are the model's Wasserstein "
+        "distance to the held-out data over the statistical floor (1 = as close as a second "
+        "simulation), the median and the worst over every overall and binned metric of "
+        "`muongen evaluate`; tail rows are the evaluation's own when it has them. Wall time: "
+        "the training's, summed over the ranges (each range's last run); events seen: over "
+        "the whole chain ('-': not found beside the evaluated checkpoint).",
+        "",
+        "## Members",
+        "",
+        markdown_table(header, table),
+        "",
+        "## Spread over seeds",
+        "",
+        markdown_table(
+            ("setting", "seeds scored", "failed", "worst: range (std)", "median: range (std)"),
+            [
+                (
+                    r["setting"],
+                    ", ".join(map(str, r["seeds"])) or "-",
+                    str(r["failed"]),
+                    _range(r["worst"]),
+                    _range(r["median"]),
+                )
+                for r in rows
+            ],
+        ),
+        "",
+    ]
+    if plots:
+        lines += ["## Score against each swept parameter", ""]
+        lines += [f"![{p.stem}]({p.name})" for p in plots]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def check_out(out: Path, force: bool) -> None:
+    """Create ``out``, and refuse to replace a leaderboard that compare did not write."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise MuongenError(f"compare: cannot create --out {out}: {exc.strerror}") from None
+    if not os.access(out, os.W_OK):
+        raise MuongenError(f"compare: cannot write in --out {out}; choose another folder")
+    board = out / BOARD_JSON
+    ours = False
+    if board.exists():
+        try:
+            ours = json.loads(board.read_text()).get("format") == FORMAT
+        except (OSError, ValueError, AttributeError):
+            ours = False
+    if not force and not ours and (board.exists() or (out / BOARD_MD).exists()):
+        raise MuongenError(
+            f"compare: {out} holds a leaderboard that muongen compare did not write; "
+            "choose another --out or pass --force to replace it"
+        )
+
+
+def write_board(members: list[Member], out: Path, inputs: list[str]) -> dict[str, Path]:
+    """leaderboard.md, leaderboard.json and the plots in ``out``; returns their paths."""
+    rows = spread(members)
+    try:
+        plots = plot_parameters(members, out)
+    except Exception as exc:  # the numbers matter more than the pictures
+        log.warning("compare: the plots could not be drawn (%s: %s)", type(exc).__name__, exc)
+        plots = []
+    ok = [m for m in members if m.status == "ok"]
+    doc = {
+        "format": FORMAT,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "inputs": inputs,
+        "rule": RULE,
+        "best": ok[0].name if ok else None,
+        "swept": swept_parameters(members),
+        "members": [asdict(m) for m in members],
+        "spread": rows,
+        "plots": [p.name for p in plots],
+    }
+    from muongen.evaluate.report import jsonable
+
+    paths = {"json": out / BOARD_JSON, "md": out / BOARD_MD}
+    paths["json"].write_text(json.dumps(jsonable(doc), indent=2, allow_nan=False) + "\n")
+    paths["md"].write_text(board_markdown(members, rows, plots))
+    return paths
+
+
+def compare(inputs: list[str], out: str | Path, *, force: bool = False) -> list[Member]:
+    """Read every member of ``inputs`` and write the leaderboard to ``out``."""
+    out = Path(out)
+    check_out(out, force)
+    members = gather(inputs, skip=out)
+    write_board(members, out, inputs)
+    return members
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="DIR_OR_URL",
+        help="evaluation folders (searched for metrics.json), metrics.json files, or "
+        "pelican:// / osdf:// URLs (file, glob or folder)",
+    )
+    parser.add_argument("--out", required=True, help="folder for leaderboard.md/.json, plots")
+    parser.add_argument(
+        "--force", action="store_true", help="replace a leaderboard compare did not write"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    members = compare(args.inputs, args.out, force=args.force)
+    out = Path(args.out)
+    print((out / BOARD_MD).read_text())
+    ok = [m for m in members if m.status == "ok"]
+    failed = len(members) - len(ok)
+    print(
+        f"compare: {len(ok)} members scored, {failed} failed; wrote {out / BOARD_MD} and "
+        f"{out / BOARD_JSON}"
+    )
+    return 0 if ok else 1
