@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -65,7 +64,8 @@ def run_node(spec: NodeSpec, stop=None) -> int:
     ``stop``: the process's StopRequest, installed before anything else (an eviction during
     start-up then exits 85 as well).
     """
-    scratch = Path(spec.scratch or os.environ.get("_CONDOR_SCRATCH_DIR") or os.getcwd())
+    # absolute: a relative scratch dir would be read against whatever the cwd is later
+    scratch = Path(spec.scratch or os.environ.get("_CONDOR_SCRATCH_DIR") or os.getcwd()).absolute()
     with node_lock(scratch):
         return _run_node_locked(spec, scratch, stop)
 
@@ -101,7 +101,6 @@ def node_config(spec: NodeSpec, run_dir: Path):
     return load_config(spec.preset, [*forced, *pinned, *spec.overrides])
 
 
-@contextlib.contextmanager
 def node_lock(scratch: Path):
     """Hold ``scratch``'s node lock: one node process at a time works in a scratch dir.
 
@@ -110,22 +109,9 @@ def node_lock(scratch: Path):
     audit log) with the node of the re-run; the later one waits for the earlier to end. The
     kernel drops the lock when its process dies, however it dies.
     """
-    scratch.mkdir(parents=True, exist_ok=True)
-    path = scratch / C.NODE_LOCK
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.warning(
-                "another node process works in %s (an earlier attempt still running?): "
-                "waiting for it to end",
-                scratch,
-            )
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+    from muongen import runlock
+
+    return runlock.hold(scratch, "the node scratch dir", name=C.NODE_LOCK, wait=True)
 
 
 def _run_node_locked(spec: NodeSpec, scratch: Path, stop=None) -> int:
@@ -137,24 +123,30 @@ def _run_node_locked(spec: NodeSpec, scratch: Path, stop=None) -> int:
     if final is not None:  # a published, verified range checkpoint is final
         log.info("node %s: %s is published and verified; nothing to do", spec.range_name, final)
         (scratch / C.RECEIPT_FILE).write_bytes(final.read_bytes())
-        return 0
+        return 0 if stop is None else stop.late(0, C.EXIT_SELF_CHECKPOINT)
+    check = stop.check if stop is not None else (lambda: None)  # start-up's safe points
     run_dir = scratch / C.RUN_DIR.format(range=spec.range_name)
     cfg = node_config(spec, run_dir)
+    check()
     trainer = Trainer(cfg, run_dir, range_name=spec.range_name, stop=stop)
+    check()
 
     own = ckpt.find_latest(trainer.ckpt_dir)
     if own is not None:
         log.info("node %s: restarted; resuming from its own checkpoint %s", spec.range_name, own)
         trainer.resume(str(own))
     elif spec.prev_manifest:
+        check()
         prev = _fetch_previous(spec.prev_manifest, scratch / "previous")
+        check()
         log.info(
             "node %s: continuing from the previous range's checkpoint %s", spec.range_name, prev
         )
         trainer.resume(str(prev))
     else:
         log.info("node %s: first range, starting fresh", spec.range_name)
-        trainer.resume(None)
+        trainer.resume("fresh")  # (damaged checkpoints of its own are set aside first)
+    check()
 
     code = trainer.train()
     if code == 0:
@@ -164,7 +156,7 @@ def _run_node_locked(spec: NodeSpec, scratch: Path, stop=None) -> int:
         # receipt.json: a copy of the manifest that comes back to the access point, where
         # the POST script checks it when the checkpoint itself went to the OSDF.
         (scratch / C.RECEIPT_FILE).write_bytes(staged.manifest.read_bytes())
-    return code
+    return code if stop is None else stop.late(code, cfg.train.signal_exit_code)
 
 
 def _published_final(spec: NodeSpec, scratch: Path) -> Path | None:
@@ -230,89 +222,115 @@ def run_local_chain(
     SIGTERM, SIGINT or SIGHUP is passed on to the running node as SIGTERM (it checkpoints
     and exits 85); the chain then stops with 128 + the signal's number.
     """
-    from muongen import checkpoint as ckpt
-    from submit.campaign import load_campaign, node_arguments, plan_nodes
+    from submit.campaign import load_campaign
     from submit.errors import SubmitError
 
     try:
         campaign = load_campaign(campaign_file)
     except SubmitError as exc:  # submit/ cannot import muongen, so it raises its own type
         raise CampaignError(str(exc)) from None
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
+    from muongen import runlock
+
+    # Absolute: a node runs with its scratch dir as its cwd, so a relative path it is given
+    # (its scratch dir, _CONDOR_SCRATCH_DIR) would point inside itself.
+    workdir = Path(workdir).absolute()
+    with runlock.hold(workdir, "the chain workdir"):  # one local chain per workdir
+        return _run_chain(campaign, workdir, retries, backoff_s, node_command)
+
+
+def _run_chain(campaign, workdir: Path, retries: int, backoff_s: float, node_command) -> int:
+    from muongen.train.signals import active
+    from submit.campaign import plan_nodes
+
     progress_path = workdir / C.PROGRESS_FILE
     progress = json.loads(progress_path.read_text()) if progress_path.exists() else {}
     command = node_command or [sys.executable, "-m", "muongen", "chain", "--node"]
     nodes = plan_nodes(campaign)
     runner = _NodeRunner()
-    with runner.signals_passed_on():
-        for i, node in enumerate(nodes, 1):
-            name = node.range_name
-            if progress.get(name, {}).get("status") == "done":
+    early = active()  # a signal that came during start-up is passed on like a later one
+    runner.stopped = (early.signum or 0) if early is not None else 0
+    try:
+        with runner.signals_passed_on():
+            return _walk(nodes, command, campaign, workdir, runner, progress, retries, backoff_s)
+    finally:
+        # whatever ended this process's walk, no range stays "running" in the record
+        running = [e for e in progress.values() if e.get("status") == "running"]
+        for entry in running:
+            entry["status"] = "failed"
+        if running:
+            _write_json(progress_path, progress)
+
+
+def _walk(nodes, command, campaign, workdir, runner, progress, retries, backoff_s) -> int:
+    from muongen import checkpoint as ckpt
+    from submit.campaign import node_arguments
+
+    progress_path = workdir / C.PROGRESS_FILE
+    for i, node in enumerate(nodes, 1):
+        name = node.range_name
+        if progress.get(name, {}).get("status") == "done":
+            log.info(
+                "[%d/%d] %s already done (step %s)",
+                i,
+                len(nodes),
+                name,
+                progress[name].get("step"),
+            )
+            continue
+        scratch = workdir / name
+        scratch.mkdir(parents=True, exist_ok=True)
+        argv = [*command, *node_arguments(campaign, node)]
+        entry = progress.setdefault(name, {"attempts": 0})
+        failures = 0  # this invocation's: a re-run after fixing the cause starts afresh
+        while True:
+            if runner.stopped:
+                return _interrupted(runner.stopped, name, progress, progress_path)
+            entry["attempts"] += 1
+            entry["status"] = "running"
+            _write_json(progress_path, progress)
+            log.info(
+                "[%d/%d] %s attempt %d: %s",
+                i,
+                len(nodes),
+                name,
+                entry["attempts"],
+                shlex.join(argv),
+            )
+            env = {**os.environ, "_CONDOR_SCRATCH_DIR": str(scratch)}
+            code, message = runner.run(argv, scratch, env)
+            if code == C.EXIT_SELF_CHECKPOINT:
+                entry["attempts"] -= 1  # a self-checkpoint restart is not a failure
                 log.info(
-                    "[%d/%d] %s already done (step %s)",
-                    i,
-                    len(nodes),
+                    "%s checkpointed and asked to be restarted (exit %d)",
                     name,
-                    progress[name].get("step"),
+                    C.EXIT_SELF_CHECKPOINT,
                 )
                 continue
-            scratch = workdir / name
-            scratch.mkdir(parents=True, exist_ok=True)
-            argv = [*command, *node_arguments(campaign, node)]
-            entry = progress.setdefault(name, {"attempts": 0})
-            failures = 0  # this invocation's: a re-run after fixing the cause starts afresh
-            while True:
-                if runner.stopped:
-                    return _interrupted(runner.stopped, name, progress, progress_path)
-                entry["attempts"] += 1
-                entry["status"] = "running"
+            if code == C.EXIT_DONE:
+                meta = ckpt.read_manifest(scratch / f"{name}.json")
+                entry.update(status="done", step=meta["step"], sha256=meta["sha256"], exit_code=0)
                 _write_json(progress_path, progress)
-                log.info(
-                    "[%d/%d] %s attempt %d: %s",
-                    i,
-                    len(nodes),
-                    name,
-                    entry["attempts"],
-                    shlex.join(argv),
+                break
+            entry.update(status="failed", exit_code=code)
+            _write_json(progress_path, progress)
+            if runner.stopped:
+                return _interrupted(runner.stopped, name, progress, progress_path)
+            if code == C.EXIT_USER_ERROR:
+                raise MuongenError(
+                    f"range {name}: {message or 'the node reported a user error'} "
+                    f"(exit code {code}: not retried, a retry cannot fix it; fix the cause "
+                    "and re-run the same command, finished ranges are skipped)"
                 )
-                env = {**os.environ, "_CONDOR_SCRATCH_DIR": str(scratch)}
-                code, message = runner.run(argv, scratch, env)
-                if code == C.EXIT_SELF_CHECKPOINT:
-                    entry["attempts"] -= 1  # a self-checkpoint restart is not a failure
-                    log.info(
-                        "%s checkpointed and asked to be restarted (exit %d)",
-                        name,
-                        C.EXIT_SELF_CHECKPOINT,
-                    )
-                    continue
-                if code == C.EXIT_DONE:
-                    meta = ckpt.read_manifest(scratch / f"{name}.json")
-                    entry.update(
-                        status="done", step=meta["step"], sha256=meta["sha256"], exit_code=0
-                    )
-                    _write_json(progress_path, progress)
-                    break
-                entry.update(status="failed", exit_code=code)
-                _write_json(progress_path, progress)
-                if runner.stopped:
-                    return _interrupted(runner.stopped, name, progress, progress_path)
-                if code == C.EXIT_USER_ERROR:
-                    raise MuongenError(
-                        f"range {name}: {message or 'the node reported a user error'} "
-                        f"(exit code {code}: not retried, a retry cannot fix it; fix the cause "
-                        "and re-run the same command, finished ranges are skipped)"
-                    )
-                failures += 1
-                if failures > retries:
-                    raise MuongenError(
-                        f"range {name} failed {failures} times (last exit code {code}"
-                        f"{': ' + message if message else ''}); see {scratch}. Fix the cause and "
-                        f"re-run the same command: finished ranges are skipped ({progress_path})"
-                    )
-                delay = backoff_s * 2 ** (failures - 1) * (1 + 0.25 * random.random())
-                log.warning("%s failed with exit code %d; retrying in %.1f s", name, code, delay)
-                runner.sleep(delay)
+            failures += 1
+            if failures > retries:
+                raise MuongenError(
+                    f"range {name} failed {failures} times (last exit code {code}"
+                    f"{': ' + message if message else ''}); see {scratch}. Fix the cause and "
+                    f"re-run the same command: finished ranges are skipped ({progress_path})"
+                )
+            delay = backoff_s * 2 ** (failures - 1) * (1 + 0.25 * random.random())
+            log.warning("%s failed with exit code %d; retrying in %.1f s", name, code, delay)
+            runner.sleep(delay)
     log.info("chain complete: %d ranges; progress in %s", len(nodes), progress_path)
     return 0
 
@@ -436,11 +454,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.node:
-        from muongen.train.signals import Evicted, StopRequest
+        from muongen.train.signals import Evicted, StopRequest, active
 
         if not args.range_name or not args.data:
             raise CampaignError("--node needs --range and --data")
-        stop = StopRequest().install()  # an eviction during start-up exits 85 too
+        # installed by muongen.cli before anything heavy loads; called any other way, here
+        stop = active() or StopRequest("chain").install()
         try:
             return _run_node_from_args(args, stop)
         except StorageError as exc:
@@ -452,7 +471,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"muongen chain: {exc}", file=sys.stderr)
             return exc.exit_code
         finally:
-            stop.restore()
+            if stop is not active():
+                stop.restore()
     if not args.local or not args.campaign_file:
         raise CampaignError(
             "give a campaign file and --local to run the chain here, or --node to run one node; "

@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 FORMAT = "muongen-checkpoint"
 FORMAT_VERSION = 1
 STEP_NAME = "step-{:09d}"
+DAMAGED_DIR = "damaged"  # in a checkpoint folder: checkpoints that failed their checks, kept
 _STEP_RE = re.compile(r"^step-(\d{9})\.json$")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
@@ -373,6 +374,29 @@ def remove(manifest: str | os.PathLike) -> None:
     manifest = Path(manifest)
     manifest.unlink(missing_ok=True)
     manifest.with_suffix(".pt").unlink(missing_ok=True)
+
+
+def set_aside(manifest: str | os.PathLike) -> Path:
+    """Move a damaged checkpoint (its .pt, then its manifest) into ``<folder>/damaged/``,
+    never deleting a byte: a checksum that fails on a flaky network file system may pass
+    again later. A name already there gets a ``.N`` suffix. Returns the moved manifest.
+
+    The .pt moves first: a manifest left behind by a kill fails its check again next time,
+    while a .pt left without its manifest would be cleaned up as a leftover."""
+    manifest = Path(manifest)
+    dest = manifest.parent / DAMAGED_DIR
+    dest.mkdir(exist_ok=True)
+    stem, n = manifest.stem, 0
+    while (dest / f"{stem}.json").exists() or (dest / f"{stem}.pt").exists():
+        n += 1
+        stem = f"{manifest.stem}.{n}"
+    pt = manifest.with_suffix(".pt")
+    if pt.exists():
+        os.replace(pt, dest / f"{stem}.pt")
+    if manifest.exists():
+        os.replace(manifest, dest / f"{stem}.json")
+    _fsync_dir(manifest.parent)
+    return dest / f"{stem}.json"
 
 
 def rotate(directory: str | os.PathLike, keep_last: int) -> list[Path]:

@@ -16,6 +16,7 @@ import argparse
 import importlib
 import logging
 import os
+import signal
 import sys
 
 from muongen import __version__
@@ -78,23 +79,66 @@ def build_parser(verbs: dict[str, str] | None = None) -> argparse.ArgumentParser
     return parser
 
 
+def catch_signals(verb: str | None, argv: list[str]):
+    """For a verb that checkpoints or runs nodes (train, chain): catch SIGTERM and SIGINT
+    now, before its module and torch load (:mod:`muongen.train.signals`). Until the verb's
+    module is in, a signal ends the process at once with one line and the verb's exit code
+    (85 for train and a node, 128 + the signal's number for a local chain)."""
+    if verb not in ("train", "chain"):
+        return None
+    from muongen.train.signals import EXIT_RESTART, StopRequest
+
+    local_chain = verb == "chain" and "--node" not in argv
+    stop = StopRequest(verb, 128 + signal.SIGTERM if local_chain else EXIT_RESTART)
+    stop.bare = True
+    return stop.install().make_active()
+
+
 def main(argv: list[str] | None = None) -> int:
+    whole_process = argv is None  # the console script or `python -m muongen`
     argv = sys.argv[1:] if argv is None else argv
     # Import only the module of the verb asked for (fast startup, fewer heavy imports).
     verbs = VERBS
     first = next((a for a in argv if not a.startswith("-")), None)
     if first in VERBS:
         verbs = {first: VERBS[first]}
+    stop = catch_signals(first, argv)  # first: a SIGTERM from the first second on counts
+    try:
+        code = _main(argv, verbs, first, stop)
+    finally:
+        if stop is not None and not whole_process:
+            stop.restore()  # called in-process (tests): leave the handlers as they were
+    if stop is not None and whole_process:
+        # Everything is written and closed: a signal from here on leaves at once, with
+        # this code, instead of being lost while the interpreter shuts down.
+        stop.finished_code = code
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        _exit_now(code)
+    return code
+
+
+def _main(argv: list[str], verbs: dict[str, str], first: str | None, stop) -> int:
     limit_blas_threads(first)  # before the verb's module loads numpy
     parser = build_parser(verbs)
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # SystemExit for --help and usage errors, as argparse does
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    evicted: tuple[type[BaseException], ...] = ()  # (an empty tuple catches nothing)
+    if stop is not None:
+        from muongen.train.signals import Evicted
+
+        evicted = (Evicted,)
     try:
+        if stop is not None:
+            stop.bare = False  # from here on the handler records; code acts at safe points
+            stop.check()
         code = int(args._run(args) or 0)
+    except evicted as exc:  # a SIGTERM acted on at a safe point of start-up
+        print(f"muongen {args.verb}: {exc}", file=sys.stderr)
+        code = exc.exit_code
     except MuongenError as exc:
         print(f"muongen {args.verb}: error: {exc}", file=sys.stderr)
         code = exc.exit_code
@@ -106,8 +150,6 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        _exit_now(code)
     return code
 
 

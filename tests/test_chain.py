@@ -251,3 +251,67 @@ def test_evicted_node_resumes_from_its_self_checkpoint(tmp_path, range_data, env
     assert final["step"] > evicted_at
     keys = np.fromfile(scratch / f"run-{RANGES[0]}" / "audit" / "rank0.i64", dtype="<i8")
     assert len(keys) == len(np.unique(keys)) == FILES_PER_RANGE * EVENTS_PER_FILE
+
+
+def write_one_range_campaign(folder: Path, base: Path, tmp_path: Path) -> Path:
+    path = write_campaign(tmp_path, base)
+    campaign = yaml.safe_load(path.read_text())
+    campaign["ranges"]["end"] = 0  # the first node is where the paths went wrong
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / "my-campaign.yaml"
+    out.write_text(yaml.safe_dump(campaign))
+    return out
+
+
+def test_the_readmes_relative_workdir_from_any_cwd(tmp_path, range_data, env):
+    # `muongen chain my-campaign.yaml --local --workdir chain/` as the README prints it: the
+    # first node wrote into chain/<range>/chain/<range>/ (a relative scratch dir read from
+    # inside itself) and the chain stopped with rc 2, its record left "running".
+    here = tmp_path / "a"
+    write_one_range_campaign(here, range_data, tmp_path)
+    readme = [sys.executable, "-m", "muongen", "chain", "my-campaign.yaml", "--local"]
+    readme += ["--workdir", "chain/"]
+
+    # a node that exits 0 without publishing: the chain fails, and says so in its record
+    failed = subprocess.run(
+        [*readme, "--node-command", "true"], cwd=here, env=env, capture_output=True, text=True
+    )
+    assert failed.returncode == C.EXIT_USER_ERROR, failed.stderr[-2000:]
+    assert "Traceback" not in failed.stderr
+    progress = json.loads((here / "chain" / C.PROGRESS_FILE).read_text())
+    assert progress[RANGES[0]]["status"] == "failed"  # never "running" once it has ended
+
+    done = subprocess.run(readme, cwd=here, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]  # the re-run recovers
+    progress = json.loads((here / "chain" / C.PROGRESS_FILE).read_text())
+    assert progress[RANGES[0]]["status"] == "done"
+    ckpt.verify(here / "chain" / RANGES[0] / f"{RANGES[0]}.json")
+    assert not (here / "chain" / RANGES[0] / "chain").exists()
+
+    # from another working directory, with the default workdir (./chain)
+    there = tmp_path / "b" / "c"
+    there.mkdir(parents=True)
+    again = subprocess.run(
+        [sys.executable, "-m", "muongen", "chain", "../../a/my-campaign.yaml", "--local"],
+        cwd=there,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    progress = json.loads((there / "chain" / C.PROGRESS_FILE).read_text())
+    assert progress[RANGES[0]]["status"] == "done"
+
+
+def test_a_second_local_chain_on_one_workdir_is_refused(tmp_path, range_data, capsys):
+    from muongen import cli, runlock
+
+    campaign = write_campaign(tmp_path, range_data)
+    work = tmp_path / "work"
+    with runlock.hold(work, "the chain workdir"):  # this process stands for a running chain
+        code = cli.main(["chain", str(campaign), "--local", "--workdir", str(work)])
+    err = capsys.readouterr().err
+    assert code == C.EXIT_USER_ERROR and f"pid {os.getpid()}" in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not (work / C.PROGRESS_FILE).exists()

@@ -128,6 +128,12 @@ def detect_open(fh: IO[bytes], url: str) -> str:
         except (OSError, KeyError, ValueError) as exc:
             raise InputFileError(f"{url}: unreadable HDF5 file ({exc}); is it truncated?") from None
         return schema.FORMAT_HDF5
+    fh.seek(0, 2)
+    if fh.tell() == 0:
+        raise InputFileError(
+            f"{url}: the file is empty (0 bytes): an interrupted copy or transfer? Replace it "
+            "or remove it from the inputs"
+        )
     raise SchemaError(
         f"{url}: neither Parquet (magic PAR1) nor HDF5 (signature \\x89HDF); muongen reads "
         "Parquet v1/v2 and the production HDF5 layout"

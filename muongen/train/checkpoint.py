@@ -57,14 +57,16 @@ def unwritable(exc: OSError, what: str, fix: str) -> StorageError:
 
 
 def check_writable(folder: Path, what: str, fix: str) -> None:
-    """Create ``folder`` and a file in it, or raise a one-line StorageError."""
+    """Create ``folder`` and a file in it, or raise a one-line StorageError naming the
+    folder (not the probe's temporary file)."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder) as f:
             f.write(b"x")
             f.flush()
+            os.fsync(f.fileno())
     except OSError as exc:
-        raise unwritable(exc, what, fix) from None
+        raise StorageError(f"cannot write {what} {folder} ({exc.strerror or exc}); {fix}") from None
 
 
 class Checkpointer:
@@ -101,23 +103,26 @@ class Checkpointer:
     def find(self, how: str | None) -> tuple[Path, dict[str, Any]] | None:
         """(manifest, payload) of what ``--resume`` names: ``auto`` the newest valid
         checkpoint here (None when there is none), a path that checkpoint (.pt, .json, or a
-        folder: its newest valid one); None for no resume."""
-        if not how:
+        folder: its newest valid one); None for no resume and for ``fresh``."""
+        if not how or how == "fresh":
             return None
         found = fmt.load_for_training(self.dir if how == "auto" else how)
-        if found is None and how == "auto":
-            log.info("no valid checkpoint in %s: starting fresh", self.dir)
-        elif found is None:
+        if found is None and how == "auto" and not fmt.list_checkpoints(self.dir):
+            log.info("no checkpoint in %s: starting fresh", self.dir)
+        elif found is None and how != "auto":
             raise CheckpointError(f"no valid checkpoint (step-*.json with its .pt) in {how}")
         return found
 
-    def adopt(self, resumed: Path | None) -> None:
+    def adopt(self, resumed: Path | None, *, fresh: bool = False) -> None:
         """Make this folder hold one run from here on: the one resumed from ``resumed`` (a
         manifest, here or elsewhere), or a fresh one (None).
 
-        Refuses when the folder holds valid checkpoints of a run not being continued.
-        Removes leftovers of interrupted writes and checkpoints that are not this run's
-        past (corrupt ones, or newer than the one resumed from). Rank 0 only touches files.
+        Refuses when the folder holds valid checkpoints of a run not being continued, and
+        when it holds only damaged ones unless ``fresh`` (``--resume fresh``): a checksum
+        that fails on a flaky file system must not silently throw days away. Removes
+        leftovers of interrupted writes and valid checkpoints that are not this run's past
+        (newer than the one resumed from); damaged ones are moved to ``damaged/``, never
+        deleted. Rank 0 only touches files.
         """
         own = resumed is not None and resumed.parent.resolve() == self.dir.resolve()
         if not own:
@@ -136,15 +141,56 @@ class Checkpointer:
         fmt.clean_leftovers(self.dir)
         resumed_step = fmt.step_of(resumed) if own else -1
         stale = [m for m in fmt.list_checkpoints(self.dir) if fmt.step_of(m) > resumed_step]
+        damaged = []
         for manifest in stale:
+            try:
+                fmt.verify(manifest)
+            except CheckpointError:
+                damaged.append(fmt.set_aside(manifest))
+                continue
             log.warning("removing %s: not part of the run continued here", manifest)
             fmt.remove(manifest)
+        aside = self.dir / fmt.DAMAGED_DIR
+        if resumed is None and not fresh and (damaged or fmt.list_checkpoints(aside)):
+            what = (
+                f"all {len(damaged)} checkpoint(s) in {self.dir} failed their checks and were "
+                f"moved to {aside}/ (kept, not deleted)"
+                if damaged
+                else f"{self.dir} holds no valid checkpoint; its damaged ones are in {aside}/"
+            )
+            raise CheckpointError(
+                f"{what}: refusing to start over from step 0. If the damage was transient (a "
+                "network file system), move them back and --resume auto; to start a fresh "
+                "run here, --resume fresh"
+            )
+        if damaged:
+            log.warning(
+                "moved %d damaged checkpoint(s) to %s/ (kept, not deleted): %s",
+                len(damaged),
+                aside,
+                ", ".join(m.stem for m in damaged),
+            )
 
     # ------------------------------------------------------------------ saving
 
-    def check_writable(self) -> None:
+    def check_writable(self, run_dir: Path | None = None) -> None:
+        """The run folder (when given) and the checkpoint folder can be written, or a
+        one-line StorageError that names the folder and the newest checkpoint kept there."""
+        newest = fmt.list_checkpoints(self.dir)
+        kept = (
+            f"; its newest checkpoint {newest[-1]} is kept: continue it with --resume auto "
+            "once there is room"
+            if newest
+            else ""
+        )
+        if run_dir is not None:
+            check_writable(
+                run_dir, "the run folder", f"free space or choose a writable --out{kept}"
+            )
         check_writable(
-            self.dir, "the checkpoint folder", "set checkpoint.dir (or --out) to a writable folder"
+            self.dir,
+            "the checkpoint folder",
+            f"free space or set checkpoint.dir (or --out) to a writable folder{kept}",
         )
 
     def due(self, step: int) -> tuple[bool, bool]:
@@ -158,6 +204,11 @@ class Checkpointer:
         """Write ``state`` as ``step-NNNNNNNNN`` and rotate (rank 0 writes; every rank calls,
         after gathering ``state`` collectively)."""
         name = fmt.STEP_NAME.format(step)
+        if self._on_disk(self.dir / f"{name}.json"):
+            # this very step is on disk already (a checkpoint step, then the end of training
+            # or a stop; or the step resumed from): a second copy only costs time and space
+            self._t_last = self.clock()
+            return self.last_saved
         saved = None
         if self.dist.is_main:
             try:
@@ -182,6 +233,19 @@ class Checkpointer:
         self.last_good = self.dir / f"{name}.json"
         self._t_last = self.clock()
         return saved
+
+    def _on_disk(self, manifest: Path) -> bool:
+        """``manifest`` is this run's last good checkpoint and still there (then it is made
+        :attr:`last_saved`, the checkpoint a run publishes)."""
+        if self.last_good is None or not manifest.exists():
+            return False
+        if Path(self.last_good).absolute() != manifest.absolute():
+            return False
+        if self.dist.is_main and (self.last_saved is None or self.last_saved.manifest != manifest):
+            meta = fmt.read_manifest(manifest)
+            pt = manifest.parent / meta["pt"]
+            self.last_saved = fmt.Saved(pt, manifest, meta["step"], meta["size"], meta["sha256"])
+        return True
 
 
 # --------------------------------------------------------------------------- optimizer state

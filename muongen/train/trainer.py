@@ -31,7 +31,7 @@ from muongen.devices import resolve_device
 from muongen.errors import CheckpointError, InputFileError, TrainingError
 from muongen.monitor.tensorboard import run_log_dir
 from muongen.train import distributed as ddp
-from muongen.train.checkpoint import UNWRITABLE, Checkpointer, check_writable, unwritable
+from muongen.train.checkpoint import UNWRITABLE, Checkpointer, unwritable
 from muongen.train.monitor import TrainingMonitor
 from muongen.train.parts import (
     AuditLog,
@@ -42,7 +42,7 @@ from muongen.train.parts import (
     Weights,
     seed_everything,
 )
-from muongen.train.signals import StopRequest
+from muongen.train.signals import EXIT_INTERRUPTED, StopRequest
 
 log = logging.getLogger(__name__)
 
@@ -333,10 +333,9 @@ class Trainer:
         folder). A checkpoint folder holding another run is refused, never mixed into.
         """
         if self.dist.is_main:
-            check_writable(self.run_dir, "the run folder", "choose a writable --out")
-            self.checkpointer.check_writable()
+            self.checkpointer.check_writable(self.run_dir)  # names the folder, what is kept
         found, payload = self.checkpointer.find(how) or (None, None)
-        self.checkpointer.adopt(found)
+        self.checkpointer.adopt(found, fresh=how == "fresh")
         if found is None:
             for part in self.parts.values():
                 if hasattr(part, "reset"):
@@ -448,6 +447,8 @@ class Trainer:
             if stop or budget_up:
                 self.save_checkpoint()
                 code = cfg.train.signal_exit_code if stop else cfg.train.budget_exit_code
+                if stop and self.stop.interrupted:
+                    code = EXIT_INTERRUPTED  # Ctrl-C: `muongen train ... && next` stops here
                 why = "signal" if stop else f"time budget of {budget:.0f} s"
                 log.info("stopping after %s: checkpoint written, exit code %d", why, code)
                 return code
@@ -538,9 +539,20 @@ class Trainer:
         from muongen.data.reader import read_events
         from muongen.model.normaliser import fit_normalisers, normalisers_fitted
 
-        if not normalisers_fitted(self.generator):  # a fresh run; checkpoints carry them
-            sample = read_events(self.files[0], max_events=max(self.cfg.data.batch_events, 20000))
-            fit_normalisers(self.generator, self.critic, self.to_features(sample))
+        if normalisers_fitted(self.generator):  # checkpoints carry them
+            return
+        # a fresh run: fit on the first file that reads (with data.strict false an unreadable
+        # one is skipped here, and the stream skips and reports it when it comes to it)
+        for url in self.files:
+            try:
+                sample = read_events(url, max_events=max(self.cfg.data.batch_events, 20000))
+            except InputFileError:
+                if self.cfg.data.strict:
+                    raise
+                continue
+            if sample.n_events:
+                fit_normalisers(self.generator, self.critic, self.to_features(sample))
+                return
 
     def _close(self) -> None:
         """Close every sink; an error while closing is logged, never raised over another."""
