@@ -14,6 +14,21 @@ to each side), and its error is the standard error of that mean, std / sqrt(n_sp
 model and the baseline are compared split by split (paired), so their difference is known
 better than either. A verdict needs the floor to within ``FLOOR_REL_ERR_MAX``; a model worse
 than the baseline never passes.
+
+The tail. The median and worst ratio over all metrics follow the bulk of the held-out
+events; the bundles IceCube needs most (the most energetic primaries, the richest bundles)
+are a few percent of them. Two tail subsets therefore get every metric again, with floors
+of their own, and a summary row each (:data:`TAILS`, :func:`tail_summary`):
+
+- ``top_energy_decade``: the events whose primary energy lies in the top decade present in
+  the held-out data, ``[10^(d-1), 10^d]`` GeV with ``d = ceil(log10 max E0)`` (e.g.
+  1e7-1e8 GeV for data up to 1e8 GeV). Chosen by the primary, so the same primaries in
+  every sample (the model's events are generated for them).
+- ``rich_bundles``: the bundles of ``TAIL_MIN_MUONS`` (100) or more muons, chosen in each
+  sample by its own counts: the reference half's 100+-muon events against the candidate's
+  100+-muon events. (Choosing the candidate's events by the real counts of their primaries
+  would compare a conditional spread of multiplicities with a cut one: a perfect
+  generator would not reach the floor.)
 """
 
 from __future__ import annotations
@@ -43,6 +58,39 @@ BIN_VARIABLES = ("log10_energy", "cos_zenith", "depth")
 FLOOR = "floor"
 #: No pass/fail verdict where the floor's relative error is larger than this.
 FLOOR_REL_ERR_MAX = 0.25
+#: The least muons of a bundle in the ``rich_bundles`` tail subset.
+TAIL_MIN_MUONS = 100
+
+
+def top_energy_decade(real: EventSample) -> tuple[int, int]:
+    """(d - 1, d): the top decade of primary log10(E0/GeV) present in ``real``, d =
+    ceil(log10 max E0); its events are those with d - 1 <= log10 E0 <= d."""
+    log_e = real.condition("log10_energy")
+    d = int(np.ceil(np.max(log_e) - 1e-9)) if log_e.size else 0
+    return d - 1, d
+
+
+def _decade_label(lo: int, hi: int) -> str:
+    return f"1e{lo}-1e{hi} GeV"
+
+
+def tail_selectors(real: EventSample) -> dict[str, tuple[str, Callable[[EventSample], np.ndarray]]]:
+    """The tail subsets (module docstring): name -> (its range in words, ``select(sample)``
+    giving a bool mask (B,) of a sample's events in the subset). The decade comes from
+    ``real`` (the whole held-out set), so every split and candidate uses the same one."""
+    lo, hi = top_energy_decade(real)
+
+    def in_decade(sample: EventSample) -> np.ndarray:
+        log_e = sample.condition("log10_energy")
+        return (log_e >= lo - 1e-9) & (log_e <= hi + 1e-9)
+
+    def rich(sample: EventSample) -> np.ndarray:
+        return sample.counts >= TAIL_MIN_MUONS
+
+    return {
+        "top_energy_decade": (_decade_label(lo, hi), in_decade),
+        "rich_bundles": (f"{TAIL_MIN_MUONS}+ muons", rich),
+    }
 
 
 def default_bins(real: EventSample, n_bins: int = 4) -> dict[str, np.ndarray]:
@@ -254,6 +302,11 @@ class Yardstick:
             for var, b in self.real_bin.items()
         }
         self.sparse = {var: n < 2 * max(min_events, 2) for var, n in self.n_in_bin.items()}
+        # the tail subsets (module docstring): range, selector, held-out events in them
+        self.tails = {
+            name: (label, select, int(select(real).sum()))
+            for name, (label, select) in tail_selectors(real).items()
+        }
         rng = np.random.default_rng(seed)
         self.splits = [split_halves(real.n_events, rng, real.groups) for _ in range(n_splits)]
         self.refs = [self.real.take(ia) for ia, _ in self.splits]
@@ -332,6 +385,12 @@ class Yardstick:
             ]
             for var, e in self.bins.items()
         }
+        tails = {
+            name: None
+            if self._tail_sparse(name)
+            else {m: np.full(k_splits, np.nan) for m in self.names}
+            for name in self.tails
+        }
         kw = {
             "scale": self.scale,
             "names": self.names,
@@ -350,8 +409,18 @@ class Yardstick:
                         )
                         for m, v in values.items():
                             row[m][s] = v
+            for tail, row in tails.items():
+                if row is not None:  # each side's own events of the subset
+                    select = self.tails[tail][1]
+                    values = compute_metrics(ref.take(select(ref)), half.take(select(half)), **kw)
+                    for m, v in values.items():
+                        row[m][s] = v
         log.info("measured %s in %.0f s", name, time.perf_counter() - started)
-        return {"overall": overall, "bins": per_bin}
+        return {"overall": overall, "bins": per_bin, "tails": tails}
+
+    def _tail_sparse(self, name: str) -> bool:
+        """Whether a tail subset holds too few held-out events for its halves (as a bin)."""
+        return self.tails[name][2] < 2 * max(self.min_events, 2)
 
     def result(
         self, candidates: dict[str, dict[str, Any]], ratio_target: float = 3.0
@@ -395,10 +464,20 @@ class Yardstick:
                 rows.append(row)
             result["binned"][var] = {"edges": edges.tolist(), "bins": rows}
             result["conditional"][var] = section(lambda v, var=var: self._weighted(v, var))
+        result["tail"] = {}
+        for name, (label, _, n_events) in self.tails.items():
+            sparse = self._tail_sparse(name)
+            result["tail"][name] = {
+                "range": label,
+                "n_events": n_events,
+                "sparse": sparse,
+                "metrics": None if sparse else section(lambda v, name=name: v["tails"][name]),
+            }
         for e in _entries(result):
             if "model" in e:
                 e["verdict"] = verdict(e, ratio_target)
         result["summary"] = ratio_summary(result)
+        result["summary"]["tail"] = tail_summary(result)
         return result
 
     def _weighted(self, values: dict[str, Any], var: str) -> dict[str, np.ndarray]:
@@ -426,13 +505,39 @@ class Yardstick:
 
 
 def _entries(result: dict[str, Any]):
-    """Every metric entry of a result: overall, per bin, conditional."""
+    """Every metric entry of a result: overall, per bin, conditional, in the tail subsets."""
     yield from result["overall"].values()
     for info in result["binned"].values():
         for row in info["bins"]:
             yield from (row["metrics"] or {}).values()
     for section in result["conditional"].values():
         yield from section.values()
+    for row in result.get("tail", {}).values():
+        yield from (row["metrics"] or {}).values()
+
+
+def tail_summary(result: dict[str, Any], key: str = "model") -> dict[str, dict[str, Any]]:
+    """Per tail subset (``result["tail"]``): ``median_ratio``, ``worst_ratio`` and ``worst``
+    (the metric) of candidate ``key`` over the subset's metrics, counted as
+    :func:`ratio_summary` counts them (no output where the data has muons: infinite), with
+    ``n_events`` (held-out events in the subset), ``range`` (in words) and ``n_metrics``.
+    A subset too small to measure (or without a floor anywhere) has NaN ratios and no
+    ``worst``. The tail rows are not in the overall median and worst: their events are
+    there already."""
+    out = {}
+    for name, row in result.get("tail", {}).items():
+        sub = {"split": result["split"], "overall": row["metrics"] or {}, "binned": {}}
+        s = ratio_summary(sub, key=key)
+        out[name] = {
+            "median_ratio": s["median_ratio"],
+            "worst_ratio": s["worst_ratio"],
+            "worst": s["worst"],
+            "n_events": row["n_events"],
+            "range": row["range"],
+            "n_metrics": s["n_metrics"],
+            "worst_no_output": s["worst_no_output"],
+        }
+    return out
 
 
 def scored_entries(result: dict[str, Any]) -> list[tuple[str, dict[str, float]]]:
@@ -524,10 +629,12 @@ def compare(
 
     Returns:
         {"split": {...}, "ratio_target", "overall": {metric: entry}, "binned": {variable:
-        {"edges", "bins"}}, "conditional": {variable: {metric: entry}}, "summary": {...}};
+        {"edges", "bins"}}, "conditional": {variable: {metric: entry}}, "tail", "summary"};
         an entry is :func:`entry`'s, plus a verdict (:func:`verdict`) where there is a
         model. A bin row holds lo, hi, n_events, sparse and metrics ({metric: entry} or
-        None). "summary" is :func:`ratio_summary`'s.
+        None). "tail": {subset: {"range", "n_events", "sparse", "metrics"}} for the tail
+        subsets (module docstring). "summary" is :func:`ratio_summary`'s, with "tail"
+        ({subset: row}, :func:`tail_summary`).
     """
     for key, c in candidates.items():
         if c.n_events != real.n_events or not np.array_equal(c.conditions, real.conditions):

@@ -243,6 +243,54 @@ def uncertain_note(result: dict[str, Any]) -> str:
     return text + " (--events, more held-out files)."
 
 
+#: How a tail subset (``result["tail"]``, :mod:`muongen.evaluate.floors`) is named in the report.
+TAIL_NAMES = {
+    "top_energy_decade": "top decade of primary energy",
+    "rich_bundles": "100+-muon bundles",
+}
+
+
+def _worst_cell(v: Any) -> str:
+    """A worst ratio: "n/a" without one (NaN, or None from metrics.json), else :func:`_times`."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "n/a"
+    return _times(v)
+
+
+def tail_table(result: dict[str, Any]) -> str:
+    """The tail subsets, one summary row each (range, held-out events, median and worst
+    ratio over the subset's metrics, the worst metric), then their metrics' rows as in the
+    summary table; empty without tail subsets."""
+    tails = result.get("tail") or {}
+    summary = result.get("summary", {}).get("tail", {})
+    if not tails:
+        return ""
+    rows = []
+    for name, row in tails.items():
+        s = summary.get(name, {})
+        worst = s.get("worst")
+        rows.append(
+            (
+                TAIL_NAMES.get(name, name),
+                row.get("range", ""),
+                str(row.get("n_events", "")),
+                "sparse" if row.get("sparse") else _fmt(s.get("median_ratio")),
+                "sparse" if row.get("sparse") else _worst_cell(s.get("worst_ratio")),
+                worst or "",
+            )
+        )
+    header = ("tail", "range", "held-out events", "median ratio", "worst ratio", "worst metric")
+    text = markdown_table(header, rows)
+    metric_rows = []
+    for name, row in tails.items():
+        if row.get("metrics"):
+            prefix = f"{TAIL_NAMES.get(name, name)}: "
+            metric_rows += [r[:-1] for r in summary_rows(row["metrics"], prefix=prefix)]
+    if metric_rows:
+        text += "\n\n" + markdown_table(HEADER[:-1], metric_rows)
+    return text
+
+
 def _bin_table(var: str, info: dict[str, Any]) -> str:
     header = ("metric", *(f"[{r['lo']:g}, {r['hi']:g}) n={r['n_events']}" for r in info["bins"]))
     names = next((list(r["metrics"]) for r in info["bins"] if r["metrics"]), [])
@@ -302,6 +350,19 @@ def write_report(
         summary_table(result),
         "",
     ]
+    if result.get("tail"):
+        lines += [
+            "## The tail",
+            "",
+            "Every metric again on two subsets of the held-out events, with floors of their "
+            "own: the top decade of primary energy present in the data (chosen by the "
+            "primary, so the same events in every sample) and the bundles of 100 or more "
+            "muons (chosen in each sample by its own counts). Their ratios are not in the "
+            "overall median and worst above: their events are counted there already.",
+            "",
+            tail_table(result),
+            "",
+        ]
     if result.get("binned"):
         lines += ["## Ratio to floor per bin: model (baseline)", ""]
         for var, info in result["binned"].items():

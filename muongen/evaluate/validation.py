@@ -5,9 +5,10 @@ floors of every metric, overall and in condition bins, are computed once (a
 :class:`~muongen.evaluate.floors.Yardstick`, as ``muongen evaluate`` uses). Each
 :meth:`Validator.run` generates for the held-out primaries with a fixed seed (so changes
 between runs come from the model, not the noise) and measures the model against every
-split. Its median ratio over all overall and binned metrics is the number the trainer keeps
-its best checkpoint by (:func:`is_better`). The global RNGs and the generator's train/eval
-mode are left as they were, so validation does not change training.
+split. Its score (:func:`validation_score`: the mean of the median ratio and the worst
+ratio over all overall and binned metrics) is the number the trainer keeps its best
+checkpoint by (:func:`is_better`). The global RNGs and the generator's train/eval mode are
+left as they were, so validation does not change training.
 """
 
 from __future__ import annotations
@@ -40,11 +41,40 @@ KEY_METRICS = (
     "frechet_event",
 )
 #: The validation scalar the best checkpoint is chosen by (lower is better).
-BEST_BY = "median_ratio"
+BEST_BY = "score"
+#: The most a worst ratio counts in the score: a metric without model output (an infinite
+#: ratio) counts as this, so such a checkpoint can still be ranked, below any with output.
+SCORE_WORST_CAP = 10.0
+
+
+def validation_score(summary: dict[str, Any]) -> float:
+    """The validation's score: (median ratio + worst ratio) / 2, from a
+    :func:`~muongen.evaluate.floors.ratio_summary` (lower is better; NaN without a median).
+
+    The median over all overall and binned metrics follows the bulk: issue 52's runs were
+    at the floor there (0.99-1.07) while their worst bins, the most energetic and richest
+    bundles, ranged from 1.6x to 3.5x; a checkpoint chosen by the median alone may be one
+    whose tail misses. The worst alone is one extreme of ~100 noisy ratios (a perfect
+    generator's is ~1.6) and would pick noise, so the two count equally: a step of 0.1 in
+    the median weighs as much as one of 0.1 in the worst. The worst is taken over the
+    metrics whose floor is known (``worst_ratio_certain``; all of them when none is), so a
+    bin of a few events with an uncertain floor does not decide, and it counts at most
+    :data:`SCORE_WORST_CAP` (a metric without model output counts that much), or the median
+    where that is larger (the score is never below the median).
+    """
+    median = summary.get("median_ratio")
+    if median is None or not math.isfinite(median):
+        return float("nan")
+    worst = summary.get("worst_ratio_certain") if summary.get("n_floor_certain") else None
+    if worst is None or math.isnan(worst):
+        worst = summary.get("worst_ratio")
+    if worst is None or math.isnan(worst):
+        worst = median
+    return (median + min(worst, max(SCORE_WORST_CAP, median))) / 2
 
 
 def is_better(value: float, best: float | None) -> bool:
-    """Whether a validation's ``median_ratio`` beats the best so far (None: none yet).
+    """Whether a validation's score (:data:`BEST_BY`) beats the best so far (None: none yet).
 
     NaN is never better (no floor, or a model without output everywhere); a finite value
     beats no value, and otherwise only a strictly smaller one wins, so ties keep the earlier
@@ -56,7 +86,7 @@ def is_better(value: float, best: float | None) -> bool:
 
 
 class BestCheckpoint:
-    """Keeps the checkpoint with the best validation (lowest ``median_ratio``) as
+    """Keeps the checkpoint with the best validation (lowest ``score``) as
     ``<checkpoint dir>/best.pt`` + ``best.json``: a trainer part, so the best value so far
     travels in every checkpoint and a resumed run only replaces the best with a better one.
 
@@ -92,6 +122,14 @@ class BestCheckpoint:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.value, self.step = state.get(BEST_BY), state.get("step")
+        if BEST_BY not in state and "median_ratio" in state:
+            # a run from before the score: its best was chosen by another number, so the
+            # next validation's score replaces it (the best.* files stay until then)
+            log.info(
+                "the best checkpoint so far was chosen by the median ratio: the next "
+                "validation, scored by its %s, replaces it",
+                BEST_BY,
+            )
         manifest = self.dir / f"{self.NAME}.json"
         if manifest.exists():
             from muongen import checkpoint as fmt
@@ -167,7 +205,11 @@ class Validator:
             scalars: ``<metric>`` and ``<metric>_ratio`` (to its floor) of KEY_METRICS,
                 ``median_ratio`` and ``worst_ratio`` over all overall and binned metrics
                 (as ``muongen evaluate`` reports them; a metric without model output counts
-                as infinite), ``max_ratio`` (the worst of KEY_METRICS) and ``seconds``;
+                as infinite), ``worst_ratio_certain`` (over the metrics whose floor is
+                known), ``score`` (:func:`validation_score`, what the best checkpoint is
+                chosen by), ``<tail>_median_ratio`` and ``<tail>_worst_ratio`` of the tail
+                subsets (top_energy_decade, rich_bundles: NaN where too few events),
+                ``max_ratio`` (the worst of KEY_METRICS) and ``seconds``;
             figures: ``features`` (histograms with ratio panels) and
                 ``multiplicity_vs_energy`` (the caller logs and closes them).
         """
@@ -198,8 +240,14 @@ class Validator:
         finite = [scalars[f"{m}_ratio"] for m in KEY_METRICS]
         finite = [r for r in finite if math.isfinite(r)]
         scalars["max_ratio"] = max(finite) if finite else float("nan")
-        scalars["median_ratio"] = result["summary"]["median_ratio"]
-        scalars["worst_ratio"] = result["summary"]["worst_ratio"]
+        summary = result["summary"]
+        scalars["median_ratio"] = summary["median_ratio"]
+        scalars["worst_ratio"] = summary["worst_ratio"]
+        scalars["worst_ratio_certain"] = summary["worst_ratio_certain"]
+        scalars["score"] = validation_score(summary)
+        for name, row in summary.get("tail", {}).items():
+            scalars[f"{name}_median_ratio"] = row["median_ratio"]
+            scalars[f"{name}_worst_ratio"] = row["worst_ratio"]
         figures = {
             "features": plots.feature_histograms(self.real, {f"model step {step}": fake}),
             "multiplicity_vs_energy": plots.multiplicity_vs_energy(self.real, {"model": fake}),

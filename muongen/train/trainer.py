@@ -519,7 +519,7 @@ class Trainer:
         return it
 
     def _keep_best(self, scalars: dict[str, float] | None) -> None:
-        """Save the state as the best checkpoint when this validation's median ratio beats
+        """Save the state as the best checkpoint when this validation's score beats
         the best so far (rank 0 validates and writes; every rank gathers the state)."""
         if self.best is None:
             return

@@ -443,3 +443,89 @@ def test_the_headline_counts_where_the_model_is_worse_than_the_baseline():
     text = headline(result)
     assert "beats the condition-ignoring baseline on 1 of 4 binned metrics" in text
     assert "worse than it on 2, 1 of them where the baseline is below the floor" in text
+
+
+def _rich_sample(
+    n: int, seed: int, *, conditions: np.ndarray | None = None, rich_shift: float = 0.0
+) -> EventSample:
+    """Primaries on log10 E0 uniform in [5, 8) GeV with Poisson(10^(log10 E0 - 5.8)) muons
+    (100+-muon bundles above ~1e7.8 GeV, ~7 % of the events); muon log10 E ~ N(2, 0.5),
+    shifted by ``rich_shift`` in the bundles of 100 or more muons only."""
+    rng = np.random.default_rng(seed)
+    if conditions is None:
+        conditions = np.stack(
+            [10.0 ** rng.uniform(5, 8, n), np.full(n, 0.3), np.full(n, 4.0), np.full(n, 1500.0)],
+            1,
+        )
+    counts = rng.poisson(10.0 ** (np.log10(conditions[:, 0]) - 5.8))
+    n_mu = int(counts.sum())
+    shift = np.repeat(np.where(counts >= 100, rich_shift, 0.0), counts)
+    r = rng.exponential(20.0, n_mu)
+    phi = rng.uniform(0.0, 2 * np.pi, n_mu)
+    muons = np.stack(
+        [10.0 ** (rng.normal(2.0, 0.5, n_mu) + shift), r * np.sin(phi), r * np.cos(phi)], 1
+    )
+    return EventSample.from_arrays(conditions, muons, counts)
+
+
+def test_top_energy_decade_is_the_decade_below_the_ceiling_of_the_highest_energy():
+    from muongen.evaluate.floors import top_energy_decade
+
+    def at(*e0):
+        e0 = np.asarray(e0, dtype=np.float64)
+        cond = np.stack([e0, np.zeros_like(e0), np.ones_like(e0), np.full_like(e0, 1500.0)], 1)
+        return EventSample.from_arrays(cond, np.zeros((0, 3)), np.zeros(len(e0), np.int64))
+
+    assert top_energy_decade(at(1e4, 3e7, 9.9e7)) == (7, 8)
+    assert top_energy_decade(at(1e4, 1e8)) == (7, 8)  # a decade's upper edge belongs to it
+    assert top_energy_decade(at(2e5, 10**5.3)) == (5, 6)
+    assert top_energy_decade(at(1.5e8)) == (8, 9)
+
+
+def test_the_tail_rows_tell_apart_a_model_that_misses_only_the_richest_bundles():
+    """A model exact but for a +0.5 dex muon energy shift in its 100+-muon bundles: the
+    overall median stays near the floor (those bundles are ~7 % of the events), the
+    rich_bundles row's worst shows the miss in a muon energy metric (not in the radii), and
+    the top decade of primary energy (where those bundles are) shows it too. A perfect model's tail rows sit near
+    the floor. The counts of held-out events and the ranges are the data's own."""
+    real = _rich_sample(4000, seed=0)
+    perfect = _rich_sample(4000, seed=1, conditions=real.conditions)
+    shifted = _rich_sample(4000, seed=1, conditions=real.conditions, rich_shift=0.5)
+    log_e = real.condition("log10_energy")
+    res_p = compare(real, {"model": perfect}, n_splits=4, seed=0)
+    res_s = compare(real, {"model": shifted}, n_splits=4, seed=0)
+    for res in (res_p, res_s):
+        tail = res["summary"]["tail"]
+        assert set(tail) == {"top_energy_decade", "rich_bundles"}
+        top, rich = tail["top_energy_decade"], tail["rich_bundles"]
+        assert set(top) >= {"median_ratio", "worst_ratio", "worst", "n_events", "range"}
+        assert top["range"] == "1e7-1e8 GeV" and rich["range"] == "100+ muons"
+        assert top["n_events"] == int(((log_e >= 7) & (log_e <= 8)).sum())
+        assert rich["n_events"] == int((real.counts >= 100).sum()) > 100
+        assert res["tail"]["rich_bundles"]["metrics"]["muon_log10_energy"]["verdict"]
+    ok = res_p["summary"]["tail"]
+    for row in ok.values():
+        assert 0.6 < row["median_ratio"] < 1.6 and row["worst_ratio"] < 3.0, row
+    bad = res_s["summary"]["tail"]["rich_bundles"]
+    e = res_s["tail"]["rich_bundles"]["metrics"]["muon_log10_energy"]
+    assert e["model"] == pytest.approx(0.5, abs=0.05) and e["verdict"].startswith("FAIL")
+    # the worst is a metric of the muons' energies (the Frechet distance has the bundle's)
+    assert bad["worst_ratio"] > 10 and ("energy" in bad["worst"] or bad["worst"] == "frechet_event")
+    assert res_s["tail"]["rich_bundles"]["metrics"]["muon_log10_radius_n100+"]["model_ratio"] < 2
+    assert res_s["summary"]["tail"]["top_energy_decade"]["worst_ratio"] > 10
+    # the overall median does not tell: most metrics follow the bulk
+    assert res_s["summary"]["median_ratio"] < 1.5
+
+
+def test_a_tail_with_too_few_events_is_sparse_without_ratios():
+    """No 100+-muon bundles in the toy: the row is sparse, its ratios NaN, its worst None."""
+    real = _rich_sample(600, seed=2)
+    keep = real.counts < 100
+    real = real.take(keep)
+    model = _rich_sample(len(real.counts), seed=3, conditions=real.conditions)
+    model = model.take(np.ones(model.n_events, bool))
+    res = compare(real, {"model": model}, n_splits=2, names=("muon_log10_energy",))
+    row = res["summary"]["tail"]["rich_bundles"]
+    assert res["tail"]["rich_bundles"]["sparse"] and res["tail"]["rich_bundles"]["metrics"] is None
+    assert row["n_events"] == 0 and row["worst"] is None
+    assert math.isnan(row["median_ratio"]) and math.isnan(row["worst_ratio"])

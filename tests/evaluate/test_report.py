@@ -83,6 +83,35 @@ def test_summary_table_and_report(tmp_path, result_and_samples):
     assert "ratio to floor has median" in report.headline(res)
 
 
+def test_tail_rows_in_metrics_json_and_report(tmp_path, result_and_samples):
+    """The tail subsets: summary["tail"] with the keys `muongen compare` reads, in strict
+    JSON; report.md's tail table has one row per subset (a sparse one says so: the toy
+    has no 100+-muon bundle) and the top decade's metric rows."""
+    res, real, _ = result_and_samples
+    data = json.loads(report.write_metrics_json(tmp_path / "metrics.json", res).read_text())
+    tail = data["summary"]["tail"]
+    assert set(tail) == {"top_energy_decade", "rich_bundles"}
+    top = tail["top_energy_decade"]
+    log_e = real.condition("log10_energy")
+    assert top["range"] == "1e7-1e8 GeV" and top["n_events"] == int((log_e >= 7).sum())
+    assert 0 < top["median_ratio"] <= top["worst_ratio"] and top["worst"] in METRICS
+    assert tail["rich_bundles"]["n_events"] == 0 and tail["rich_bundles"]["median_ratio"] is None
+    text = report.write_report(tmp_path / "report.md", res).read_text()
+    assert "## The tail" in text
+    table = report.tail_table(res).split("\n\n")
+    rows = table[0].splitlines()
+    assert rows[0].startswith("| tail ") and len(rows) == 4
+    top_row = next(r for r in rows if "top decade of primary energy" in r)
+    assert "1e7-1e8 GeV" in top_row and f"{top['median_ratio']:.3g}" in top_row
+    assert top["worst"] in top_row
+    rich_row = next(r for r in rows if "100+-muon bundles" in r)
+    assert rich_row.count("sparse") == 2
+    metric_rows = table[1].splitlines()[2:]
+    assert len(metric_rows) == len(METRICS)
+    assert all(r.startswith("| top decade of primary energy: ") for r in metric_rows)
+    assert report.tail_table({"overall": {}}) == ""
+
+
 def test_every_plot_renders_a_png(tmp_path, result_and_samples):
     res, real, model = result_and_samples
     figs = {

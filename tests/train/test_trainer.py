@@ -390,16 +390,16 @@ def test_periodic_validation_reaches_tensorboard(tiny_config, tiny_data, tmp_pat
     assert val, "no validation scalars"
     assert all(steps == [5, 10] for steps in ([s for s, _ in v] for v in val.values()))
     assert any(tag.startswith("3_val/") for tag in read_tags(tmp_path / "r" / "tb")["images"])
-    # the best checkpoint is the validation with the lowest median ratio, kept as best.*
-    medians = dict(val["3_val/median_ratio"])
-    best_step = min(medians, key=lambda s: (medians[s], s))
+    # the best checkpoint is the validation with the lowest score, kept as best.*
+    scores = dict(val["3_val/score"])
+    best_step = min(scores, key=lambda s: (scores[s], s))
     from muongen import checkpoint as fmt
 
     manifest = tmp_path / "r" / "checkpoints" / "best.json"
     assert fmt.read_manifest(manifest)["step"] == best_step
     payload = fmt.load(manifest)
-    assert payload["best"] == {"median_ratio": pytest.approx(medians[best_step]), "step": best_step}
-    assert t.best.value == pytest.approx(medians[best_step])
+    assert payload["best"] == {"score": pytest.approx(scores[best_step]), "step": best_step}
+    assert t.best.value == pytest.approx(scores[best_step])
 
 
 def test_cpu_threads_sets_torchs_thread_count(tiny_config, tmp_path):
