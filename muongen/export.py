@@ -83,6 +83,7 @@ class PhysicalGenerator(nn.Module):
         self.rotate = bool(generator.rotate)
         self.polar = bool(getattr(generator, "polar", False))
         self.polar_norm = getattr(generator, "polar_norm", None)
+        self.training_domain: dict | None = None  # muongen.domain's record, into the metadata
 
     def forward(
         self, conditions: torch.Tensor, event_noise: torch.Tensor, muon_noise: torch.Tensor
@@ -144,6 +145,8 @@ class PhysicalGenerator(nn.Module):
             "(B,2+z_global) [N(0,1), N(0,1) x z_global, U(0,1)]; muon_noise (M,z_local+1) "
             "[N(0,1) x z_local, U(0,1)], M >= counts.sum()",
             "outputs": "counts int64 (B,); muons float32 (N,3) [E GeV, x m, y m]",
+            # the primaries the model was trained on (muongen.domain), "null" if not recorded
+            "training_domain": json.dumps(self.training_domain),
         }
 
 
@@ -251,12 +254,13 @@ def export_onnx(module: PhysicalGenerator, path: str | os.PathLike) -> None:
 
 def export(checkpoint: str, fmt: str, out: str | os.PathLike) -> PhysicalGenerator:
     """Load a checkpoint for inference (EMA weights where present) and write ``out``."""
-    from muongen.checkpoint import load_for_inference
+    from muongen.checkpoint import open_for_inference
 
     if fmt not in FORMATS:
         raise ConfigError(f"unknown export format {fmt!r}; use {' or '.join(FORMATS)}")
-    generator, _ = load_for_inference(checkpoint, "cpu")
-    module = PhysicalGenerator(generator).eval()
+    model = open_for_inference(checkpoint, "cpu")
+    module = PhysicalGenerator(model.generator).eval()
+    module.training_domain = model.domain
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(out).with_name(f".{Path(out).name}.tmp{os.getpid()}")
     try:
@@ -273,15 +277,31 @@ def export(checkpoint: str, fmt: str, out: str | os.PathLike) -> PhysicalGenerat
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "checkpoint", help="checkpoint .pt, its .json manifest, or a checkpoint folder"
+        "checkpoint",
+        help="checkpoint .pt, its .json manifest, a checkpoint folder, or a pelican:// / "
+        "osdf:// URL of one",
     )
     parser.add_argument("--format", choices=FORMATS, required=True, help="file format")
     parser.add_argument("--out", required=True, help="output file (.pt for torchscript, .onnx)")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace an existing --out (never the checkpoint)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    from muongen import checkpoint as ckpt
+    from muongen import outputs
+
     t0 = time.perf_counter()
-    module = export(args.checkpoint, args.format, args.out)
+    inputs = []
+    if not ckpt.is_url(args.checkpoint):
+        local = ckpt.local_copy(args.checkpoint)
+        inputs = [local, ckpt.manifest_for(local).with_suffix(".pt")]
+        if Path(local).is_dir():
+            inputs += [p for m in ckpt.list_checkpoints(local) for p in (m, m.with_suffix(".pt"))]
+    outputs.check_file(args.out, inputs=inputs, overwrite=args.overwrite, kind=args.format)
+    with outputs.writing(args.out):
+        module = export(args.checkpoint, args.format, args.out)
     size = os.path.getsize(args.out)
     print(
         f"wrote {args.out} ({args.format}, {size / 1e6:.2f} MB, z_global {module.z_global}, "

@@ -7,6 +7,9 @@ Per file: the format (told from the content), rows, muons, empty rows, the multi
 distribution (mean, max, quantiles), the ranges of the primary's energy, zenith, mass and
 depth, events dropped by validation, and the first few events. ``--json`` prints one JSON
 object per file per line. Files are read in chunks, so memory stays bounded.
+
+A checkpoint (a manifest .json, a .pt, a checkpoint or run folder, or a URL of one; told
+from data by its content) is shown by :mod:`muongen.checkpoint_inspect` instead.
 """
 
 from __future__ import annotations
@@ -21,7 +24,10 @@ import numpy as np
 from muongen.data.reader import FileReader
 from muongen.errors import MuongenError
 
-HELP = "show format, rows, muons, multiplicity statistics and a few events of input files"
+HELP = (
+    "show what input files hold (format, rows, multiplicity, a few events) or what a "
+    "checkpoint holds (step, model, sha256, training domain)"
+)
 
 QUANTILES = (0.5, 0.9, 0.99, 0.999)
 
@@ -127,7 +133,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="INPUT",
         help=(
             "input files (any format), folders, globs, or pelican:// / osdf:// URLs with "
-            "wildcards in any path component"
+            "wildcards in any path component; or a checkpoint (.json, .pt, its folder, a run "
+            "folder, or a URL of one)"
         ),
     )
     parser.add_argument("--json", action="store_true", help="one JSON object per file per line")
@@ -152,7 +159,24 @@ def _inputs(patterns: list[str], as_json: bool) -> tuple[list[str], int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    urls, failed = _inputs(args.files, args.json)
+    from muongen.checkpoint_inspect import is_checkpoint, run_one
+
+    data, failed = [], 0
+    for item in args.files:
+        if not is_checkpoint(item):
+            data.append(item)
+            continue
+        try:
+            run_one(item, args.json)
+        except MuongenError as exc:
+            failed += 1
+            if args.json:
+                print(json.dumps({"checkpoint": item, "error": str(exc)}))
+            print(f"muongen inspect: error: {exc}", file=sys.stderr)
+    if not data:
+        return 2 if failed else 0
+    urls, failed_data = _inputs(data, args.json)
+    failed += failed_data
     for url in urls:
         try:
             info = inspect_file(url, events=args.events)

@@ -236,19 +236,33 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--first", type=int, default=0, help="number of the first file (default 0)")
     parser.add_argument("--json", action="store_true", help="print the written paths as JSON")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace files of these numbers already there"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    paths = write_synthetic(
-        args.out,
-        files=args.files,
-        events_per_file=args.events_per_file,
-        fmt=args.format,
-        ranges=args.ranges,
-        seed=args.seed,
-        mix=args.mix,
-        first=args.first,
-    )
+    from muongen import outputs
+
+    fmt = FORMAT_ALIASES.get(args.format, args.format)
+    if args.files < 0 or args.events_per_file < 0 or args.first < 0:
+        raise ConfigError("--files, --events-per-file and --first must be >= 0")
+    names = [
+        str(file_path("", n, fmt, ranges=args.ranges))
+        for n in range(args.first, args.first + args.files)
+    ]
+    outputs.check_folder(args.out, names, overwrite=args.overwrite)  # before any is written
+    with outputs.writing(args.out):
+        paths = write_synthetic(
+            args.out,
+            files=args.files,
+            events_per_file=args.events_per_file,
+            fmt=args.format,
+            ranges=args.ranges,
+            seed=args.seed,
+            mix=args.mix,
+            first=args.first,
+        )
     if args.json:
         print(json.dumps({"files": paths}))
     else:

@@ -34,6 +34,11 @@ from muongen.evaluate.features import CONDITION_VARIABLES, EventSample, shower_g
 from muongen.evaluate.floors import BIN_VARIABLES, compare, default_bins
 from muongen.evaluate.metrics import parse_edges
 from muongen.evaluate.sample import read_inputs, resolve_device, split_draws, timed_generate
+from muongen.evaluate.sample_command import add_output_options
+
+#: what evaluate writes into --out besides the plots (an earlier evaluation there is refused
+#: without --overwrite)
+OUTPUT_FILES = ("metrics.json", "report.md")
 
 #: Held-out events used by default and the splits averaged over: at this size (1000 showers
 #: of 100 rows) and this many splits the floors are known to about 20 % (measured in
@@ -119,6 +124,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="measure the model on one generation for all splits (as before 2026-11-27: "
         "faster, but that draw's noise is in every split and not in the errors)",
     )
+    add_output_options(parser)  # --overwrite, --domain
 
 
 def parse_bins(items: list[str], real: EventSample, n_bins: int = 4) -> dict[str, np.ndarray]:
@@ -239,14 +245,6 @@ def write_outputs(
     return paths, failed
 
 
-def _checkpoint_meta(path: str) -> dict[str, Any]:
-    from muongen.checkpoint import read_manifest, resolve
-
-    manifest = resolve(path)
-    meta = read_manifest(manifest)
-    return {"checkpoint": str(manifest), "step": meta.get("step"), "range": meta.get("range")}
-
-
 def run(args: argparse.Namespace) -> int:
     if args.events is not None and args.events < 4:
         raise ConfigError("--events must be >= 4")
@@ -254,6 +252,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(
             "--n-splits must be >= 1 (>= 2 for errors and verdicts), --batch >= 1, --threads >= 0"
         )
+    _check_outputs(args)  # before minutes of work
     device = resolve_device(args.device)
     before = torch.get_num_threads()
     if device.type == "cpu" and args.threads > 0:
@@ -264,11 +263,26 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(before)  # for callers in this process (tests, notebooks)
 
 
-def _evaluate(args: argparse.Namespace, device: torch.device) -> int:
-    from muongen.checkpoint import load_for_inference
+def _check_outputs(args: argparse.Namespace) -> None:
+    """--out must be a folder that can be written and holds no earlier evaluation (unless
+    --overwrite); an input file is never an output."""
+    from muongen.outputs import check_folder
+    from muongen.storage.files import expand_inputs
 
-    generator, _ = load_for_inference(args.checkpoint, device)
-    real = read_inputs(args.data, args.events)
+    args.data_files = expand_inputs(args.data)
+    check_folder(args.out, OUTPUT_FILES, inputs=args.data_files, overwrite=args.overwrite)
+
+
+def _evaluate(args: argparse.Namespace, device: torch.device) -> int:
+    from muongen import domain as training_domain
+    from muongen.checkpoint import open_for_inference
+
+    model = open_for_inference(args.checkpoint, device)
+    generator = model.generator
+    real = read_inputs(args.data_files, args.events)
+    extrapolated = training_domain.check(
+        model.domain, real.conditions.numpy(), args.domain, what="held-out primaries"
+    )
     log.info("evaluating on %d held-out events (%d muons)", real.n_events, real.n_muons)
     result, samples = evaluate_generator(
         generator,
@@ -285,14 +299,20 @@ def _evaluate(args: argparse.Namespace, device: torch.device) -> int:
         redraw=not args.single_draw,
     )
     result["meta"] = {
-        **_checkpoint_meta(args.checkpoint),
+        "checkpoint": model.source,
+        "step": model.meta.get("step"),
+        "range": model.meta.get("range"),
         "data": list(args.data),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "muongen_version": __version__,
         "device": str(device),
         "seed": args.seed,
     }
-    paths, failed = write_outputs(args.out, result, lambda: make_figures(samples, result))
+    result["training_domain"] = extrapolated
+    from muongen.outputs import writing
+
+    with writing(args.out):
+        paths, failed = write_outputs(args.out, result, lambda: make_figures(samples, result))
     print(report.summary_table(result))
     print()
     print(report.headline(result))

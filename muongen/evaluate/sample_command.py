@@ -2,7 +2,7 @@
 
     muongen sample --checkpoint CKPT (--primaries INPUT... | --grid SPEC | --flux MODEL)
                    --out FILE [--format v1|v2|hdf5] [--device auto] [--batch 4096]
-                   [--seed 0] [--events N]
+                   [--seed 0] [--events N] [--overwrite] [--domain warn|strict]
     flux: --flux H3a|H4a|GST|GSF --showers N [--energy 1e4:1e9] [--zenith 0:85]
           [--depths 1500] [--masses 1,4,14,27,56] [--gamma 2] [--area perpendicular]
           [--report DIR]
@@ -12,6 +12,12 @@ round-trips through `muongen inspect` and the loader. Prints events/s and muons/
 With ``--flux`` the primaries come from a generation spectrum and every row carries a
 weight in 1/(m^2 s) (see :mod:`muongen.evaluate.flux`); ``--report`` gets flux.json and
 the figures of :mod:`muongen.evaluate.flux_report`.
+
+Before anything is generated the outputs are checked (:mod:`muongen.outputs`: an existing
+file is refused without ``--overwrite``, an input never overwritten, a suffix that
+contradicts ``--format`` refused) and the primaries are compared with the checkpoint's
+training domain (:mod:`muongen.domain`): those outside are counted in one line, or refused
+with ``--domain strict``.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ import math
 import sys
 from pathlib import Path
 
+from muongen import domain as training_domain
+from muongen import outputs
 from muongen.errors import ConfigError
 from muongen.evaluate.flux import AREAS, DEFAULT_MASSES, FLUX_MODELS, parse_range
 from muongen.evaluate.sample import (
@@ -105,6 +113,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--seed", type=int, default=0, help="noise seed (>= 0; also the v1 id major)"
     )
     parser.add_argument("--events", type=int, default=None, help="use at most N primaries")
+    add_output_options(parser)
+
+
+def add_output_options(parser: argparse.ArgumentParser) -> None:
+    """--overwrite and --domain, shared with `muongen evaluate`."""
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace existing output files (never an input)"
+    )
+    parser.add_argument(
+        "--domain",
+        choices=training_domain.MODES,
+        default="warn",
+        help="primaries outside the checkpoint's training domain: count them in one line "
+        "(warn, the default) or refuse to run (strict)",
+    )
 
 
 def output_format(out: str, fmt: str | None) -> str:
@@ -113,34 +136,68 @@ def output_format(out: str, fmt: str | None) -> str:
     return FORMAT_NAMES["hdf5" if Path(out).suffix in (".h5", ".hdf5", ".hdf") else "v1"]
 
 
+def _kind(fmt: str) -> str:
+    return "hdf5" if fmt == FORMAT_NAMES["hdf5"] else "parquet"
+
+
 def run(args: argparse.Namespace) -> int:
-    from muongen.checkpoint import load_for_inference
+    from muongen.checkpoint import is_url, local_copy, open_for_inference, resolve
+    from muongen.storage.files import expand_inputs
 
     if args.batch < 1 or args.seed < 0:
         raise ConfigError("--batch must be >= 1 and --seed >= 0")
+    if args.events is not None and args.events < 1:
+        raise ConfigError(f"--events {args.events}: give at least 1 (or leave it out for all)")
     fmt = output_format(args.out, args.format)
-    device = resolve_device(args.device)
-    generator, _ = load_for_inference(args.checkpoint, device)
+    files = expand_inputs(args.primaries) if args.primaries else []
+    checkpoint = args.checkpoint if is_url(args.checkpoint) else local_copy(args.checkpoint)
+    inputs = [*files, *_checkpoint_files(checkpoint, resolve, is_url)]
+    outputs.check_file(args.out, inputs=inputs, overwrite=args.overwrite, kind=_kind(fmt))
     if args.flux:
-        return run_flux(args, generator, device, fmt)
+        outputs.check_folder(
+            _report_dir(args), ["flux.json"], flag="--report", inputs=inputs,
+            overwrite=args.overwrite,
+        )  # fmt: skip
+    device = resolve_device(args.device)
+    model = open_for_inference(checkpoint, device)
+    generator = model.generator
+    if args.flux:
+        return run_flux(args, model, device, fmt)
     if args.grid:
         conditions = parse_grid(args.grid)
         if args.events is not None:
             conditions = conditions[: args.events]
         source = f"grid {args.grid}"
     else:
-        conditions = read_inputs(args.primaries, args.events).conditions.numpy()
+        conditions = read_inputs(files, args.events).conditions.numpy()
         source = ", ".join(args.primaries)
     if len(conditions) == 0:
-        raise ConfigError(f"no primaries in {source}")
+        raise ConfigError(f"no primaries in {source}: the files hold no events")
+    training_domain.check(model.domain, conditions, args.domain)
     batch, speed = timed_generate(
         generator, conditions, device=device, batch_events=args.batch, seed=args.seed
     )
-    write_sample(args.out, batch, fmt, seed=args.seed)
+    with outputs.writing(args.out):
+        write_sample(args.out, batch, fmt, seed=args.seed)
     print(speed.line())
     _warn_capped(generator, batch)
     print(f"wrote {args.out} ({fmt}, {batch.n_events:,} events from {source})")
     return 0
+
+
+def _checkpoint_files(checkpoint: str, resolve, is_url) -> list[str]:
+    """The local files of the checkpoint (its manifest and .pt), which no output may be."""
+    if is_url(checkpoint):
+        return []
+    try:
+        manifest = resolve(checkpoint)
+    except Exception:  # a missing checkpoint is reported when it is opened
+        return [checkpoint]
+    return [str(manifest), str(manifest.with_suffix(".pt"))]
+
+
+def _report_dir(args: argparse.Namespace) -> str:
+    return args.report or f"{Path(args.out).with_suffix('')!s}-report"
 
 
 def _warn_capped(generator, batch) -> None:
@@ -155,7 +212,7 @@ def _warn_capped(generator, batch) -> None:
         )
 
 
-def run_flux(args: argparse.Namespace, generator, device, fmt: str) -> int:
+def run_flux(args: argparse.Namespace, model, device, fmt: str) -> int:
     """--flux: weighted primaries -> bundles at every depth -> file + report."""
     from muongen.evaluate.flux import FluxWeighter, Generation
     from muongen.evaluate.flux_report import flux_report
@@ -181,14 +238,29 @@ def run_flux(args: argparse.Namespace, generator, device, fmt: str) -> int:
             print(f"note: {args.flux} has no element near A = {m:g}; its showers get weight 0")
     primaries = weighter.sample(gen, seed=args.seed, area=args.area)
     conditions, weights, shower = primaries.conditions(depths)
+    extrapolated = training_domain.check(
+        model.domain, conditions, args.domain, weights=weights, what="primary rows"
+    )
+    generator = model.generator
     batch, speed = timed_generate(
         generator, conditions, device=device, batch_events=args.batch, seed=args.seed
     )
-    write_sample(args.out, batch, fmt, seed=args.seed, minor=shower, weights=weights)
+    with outputs.writing(args.out):
+        write_sample(args.out, batch, fmt, seed=args.seed, minor=shower, weights=weights)
     print(speed.line())
     _warn_capped(generator, batch)
-    report_dir = args.report or f"{Path(args.out).with_suffix('')!s}-report"
-    summary = flux_report(report_dir, primaries, batch.counts.numpy(), depths, weighter, gen)
+    report_dir = _report_dir(args)
+    with outputs.writing(report_dir, "--report"):
+        summary = flux_report(
+            report_dir,
+            primaries,
+            batch.counts.numpy(),
+            depths,
+            weighter,
+            gen,
+            domain=model.domain,
+            extrapolated=extrapolated,
+        )
     r = summary["rates"]
     print(
         f"{args.flux}: model integral {r['model_integral_rate']:.5g} /(m^2 s), weighted sample "

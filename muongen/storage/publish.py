@@ -196,3 +196,59 @@ def fetch_checkpoint(manifest_url: str, dest_dir: str, *, token: Token | None = 
         f.write(raw)
     os.replace(tmp_json, json_dest)
     return dest
+
+
+_READ_CACHE: list[str] = []  # temporary folders of fetch_for_reading, removed at exit
+
+
+def fetch_for_reading(ref: str, *, token: Token | None = None) -> str:
+    """A checkpoint given by URL (its manifest ``.json``, its ``.pt``, or a folder of
+    checkpoints: the manifest of the highest step there), fetched and sha-checked into a
+    temporary folder removed when the process exits; returns the local manifest path.
+    ``sample``, ``evaluate``, ``export`` and ``inspect`` read checkpoints this way.
+
+    Raises:
+        CheckpointError: nothing to fetch there, or the .pt does not match its manifest.
+        StorageError / TokenError: the files cannot be read.
+    """
+    import atexit
+    import shutil
+
+    url = ref.rstrip("/")
+    if url.endswith(".pt"):
+        url = url[: -len(".pt")] + ".json"
+    elif not url.endswith(".json"):
+        url = _newest_manifest(url, token)
+    if not _READ_CACHE:
+        _READ_CACHE.append(tempfile.mkdtemp(prefix="muongen-checkpoint-"))
+        atexit.register(shutil.rmtree, _READ_CACHE[0], True)
+    dest = os.path.join(_READ_CACHE[0], str(len(os.listdir(_READ_CACHE[0]))))
+    if not files.exists(url, token=token):
+        raise CheckpointError(
+            f"checkpoint manifest {url} does not exist: give the URL of a checkpoint's .json "
+            "(or its .pt, or the folder that holds them)"
+        )
+    pt = fetch_checkpoint(url, dest, token=token)
+    return fmt.manifest_for(pt).as_posix()
+
+
+def _newest_manifest(folder_url: str, token: Token | None) -> str:
+    """The URL of the manifest with the highest step in a folder of checkpoints."""
+    names = [n for n in files.list_sizes(folder_url, token=token) if n.endswith(".json")]
+    best: tuple[int, str] | None = None
+    for name in names:
+        if "/" in name:
+            continue
+        url = files.join(folder_url, name)
+        try:
+            meta = parse_manifest(files.cat(url, token=token), url)
+        except CheckpointError:
+            continue
+        if best is None or meta["step"] > best[0]:
+            best = (meta["step"], url)
+    if best is None:
+        raise CheckpointError(
+            f"no checkpoint manifest (.json beside its .pt) in {folder_url}: give the URL of "
+            "a checkpoint's .json"
+        )
+    return best[1]

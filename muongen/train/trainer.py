@@ -28,6 +28,7 @@ from muongen.data.batch import RaggedBatch
 from muongen.data.report import REPORT_NAME
 from muongen.data.stream import files_digest
 from muongen.devices import resolve_device
+from muongen.domain import DomainTracker
 from muongen.errors import CheckpointError, InputFileError, TrainingError
 from muongen.monitor.tensorboard import run_log_dir
 from muongen.train import distributed as ddp
@@ -169,6 +170,11 @@ class Trainer:
         self.add_part("data", PerRank(self.data, dist))
         self.add_part("rng", PerRank(RngState(lambda: self._noise_seed(self.step)), dist))
         self.add_part("audit", PerRank(self.audit, dist))
+        # the domain of the training conditions (muongen.domain), merged over ranks and runs
+        self.domain = DomainTracker(functools.partial(ddp.gather_objects, info=dist))
+        self.add_part("domain", self.domain)
+        self.lineage = fmt.Lineage()  # the previous range's checkpoint, for `muongen inspect`
+        self.add_part("lineage", self.lineage)
         self.best = None  # the best validation's checkpoint, kept when validation runs
         if cfg.data.val_paths and cfg.logging.val_every:
             from muongen.evaluate.validation import BestCheckpoint
@@ -347,6 +353,9 @@ class Trainer:
                 if isinstance(part, Weights):
                     part.source = found
             self.load_state_dict(payload, source=found)
+            if "domain" not in payload:  # older than the domain record
+                self.domain.mark_partial()
+            self.lineage.continued(found, self.range_name)
             log.info("resumed from %s at step %d", found, self.step)
             changed = fmt.schedule_differences(saved_cfg, self.cfg.to_dict())
             if changed:
@@ -498,6 +507,7 @@ class Trainer:
         c.step += 1
         c.events_seen += batch.n_events
         c.muons_seen += batch.n_muons
+        self.domain.update(batch.conditions)  # host-side conditions: no device sync
         self.data.steps += 1
         self.monitor.count(batch)
 

@@ -141,7 +141,7 @@ def test_evaluate_generates_on_its_threads_and_gives_the_rest_back(
         argv = ["evaluate", "--checkpoint", str(tiny_checkpoint), "--data", str(held_out)]
         argv += ["--n-splits", "2", "--device", "cpu", "--out", str(tmp_path / "e")]
         assert main(argv) == 0  # default: one thread
-        assert main([*argv, "--threads", "0"]) == 0  # torch's own count, left alone
+        assert main([*argv, "--threads", "0", "--overwrite"]) == 0  # torch's own, left alone
         assert seen == [1, 2] and torch.get_num_threads() == 2
         assert main([*argv, "--threads", "-1"]) != 0
         assert "--threads >= 0" in capsys.readouterr().err
