@@ -7,7 +7,11 @@ python -m submit submit CAMPAIGN [--out DIR]
                                             condor_submit_dag command without a schedd,
                                             and exit 3: nothing was submitted);
                                             after a failure it resumes the rescue DAG
-python -m submit status DIR                 the node status file, summarised
+python -m submit status DIR                 the node status file, summarised (a sweep:
+                                            one row per member)
+
+A campaign with a ``sweep:`` block (see submit/examples/sweep.yaml and docs/sweeps.md) makes
+one chain per member, an evaluate node after each and a final compare node: the same verbs.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from submit.errors import SubmitError
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from submit.campaign import load_campaign, plan_nodes
+    from submit.sweep import member_campaign, members
 
     campaign = load_campaign(args.campaign)
     nodes = plan_nodes(campaign)
@@ -41,15 +46,45 @@ def cmd_plan(args: argparse.Namespace) -> int:
         f"{campaign.dagman.job_duration} jobs, {campaign.dagman.retries} retries"
     )
     print(f"  training     preset {t.preset}{sets}; self-checkpoint every {t.self_checkpoint_s} s")
-    print(f"  checkpoints  {campaign.checkpoint_dir}/{{range}}.pt + .json")
-    print(f"  tensorboard  {campaign.tensorboard_dir('{range}')}/")
+    if campaign.sweep is None:
+        print(f"  checkpoints  {campaign.checkpoint_dir}/{{range}}.pt + .json")
+        print(f"  tensorboard  {campaign.tensorboard_dir('{range}')}/")
+    else:  # the table below is a member's chain: every URL sits in <name>/<member>/
+        nodes = plan_nodes(member_campaign(campaign, members(campaign)[0]))
     width = len(nodes[0].range_name)
     inputs = [n.input_manifest or "- (starts fresh)" for n in nodes]
     in_width = max(len(i) for i in inputs)
     print(f"{'#':>4}  {'range':<{width}}  {'input checkpoint':<{in_width}}  output checkpoint")
     for node, source in zip(nodes, inputs):
         print(f"{node.index + 1:>4}  {node.range_name}  {source:<{in_width}}  {node.output_pt}")
+    if campaign.sweep is not None:
+        _plan_sweep(campaign, len(nodes))
     return 0
+
+
+def _plan_sweep(campaign, ranges: int) -> None:
+    """The members a sweep campaign makes: each runs the chain above in its own folder."""
+    from submit.sweep import evaluation_url, members, name_value
+
+    found = members(campaign)
+    ev = campaign.evaluation
+    print(
+        f"sweep: {len(found)} members, each a chain like the one above ({ranges} ranges; "
+        f"member 1's shown) with its own settings, {campaign.dagman.max_running} chain(s) at "
+        "a time (dagman.max_running)"
+    )
+    print(f"  checkpoints  {campaign.checkpoint_dir}/<member>/{{range}}.pt + .json")
+    print(f"  tensorboard  {campaign.outputs.tensorboard}/{campaign.name}/<member>/{{range}}/")
+    print(
+        f"  evaluate     after each chain: muongen evaluate on {ev.events} events of "
+        f"{evaluation_url(campaign)} -> {campaign.checkpoint_dir}/<member>/metrics.json"
+    )
+    print("  compare      at the end (FINAL, also after failures): muongen compare -> board/")
+    width = max(len(m.name) for m in found)
+    print(f"{'#':>4}  {'member':<{width}}  settings")
+    for i, m in enumerate(found):
+        sets = " ".join(f"{k}={name_value(v)}" for k, v in m.settings.items())
+        print(f"{i + 1:>4}  {m.name:<{width}}  {sets} train.seed={m.seed}")
 
 
 def _write(args: argparse.Namespace, campaign) -> Path:
@@ -59,7 +94,17 @@ def _write(args: argparse.Namespace, campaign) -> Path:
     dag_file = write_campaign_dag(
         campaign, out, campaign_text=Path(args.campaign).read_text(), force=args.force
     )
-    print(f"wrote {dag_file} ({campaign.ranges.end - campaign.ranges.start + 1} nodes)")
+    ranges = campaign.ranges.end - campaign.ranges.start + 1
+    if campaign.sweep is None:
+        print(f"wrote {dag_file} ({ranges} nodes)")
+    else:
+        from submit.sweep import members
+
+        count = len(members(campaign))
+        print(
+            f"wrote {dag_file} ({count} member chains of {ranges} ranges, {count} evaluate "
+            "nodes, 1 compare node)"
+        )
     return out
 
 
@@ -83,9 +128,15 @@ def cmd_submit(args: argparse.Namespace) -> int:
     rescue = find_rescue(out)
     if rescue is not None and not args.force:
         done = rescue_done_nodes(rescue)
+        if campaign.sweep is None:
+            total = len(plan_nodes(campaign))
+        else:
+            from submit.sweep import members
+
+            total = 2 * len(members(campaign))  # a chain and an evaluate node per member
         print(
             f"{out}: found the rescue DAG {rescue.name} ({len(done)} of "
-            f"{len(plan_nodes(campaign))} nodes done): resubmitting continues from it, with "
+            f"{total} nodes done): resubmitting continues from it, with "
             "the DAG and submit files as they were written (pass --force to start over)"
         )
         copy = out / C.CAMPAIGN_COPY
@@ -104,9 +155,18 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from submit.status import format_summary, read_status
+    from submit.status import (
+        format_summary,
+        format_sweep_summary,
+        is_sweep_dir,
+        read_status,
+        read_sweep_status,
+    )
 
-    print(format_summary(read_status(args.dag_dir), args.dag_dir))
+    if is_sweep_dir(args.dag_dir):
+        print(format_sweep_summary(read_sweep_status(args.dag_dir), args.dag_dir))
+    else:
+        print(format_summary(read_status(args.dag_dir), args.dag_dir))
     return 0
 
 

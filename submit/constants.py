@@ -17,6 +17,21 @@ place to read what lives where)::
       campaign.yaml             the campaign the DAG was written from (CAMPAIGN_COPY)
       logs/                     per-node HTCondor log, stdout/stderr per attempt, POST output
       receipts/                 each finished node's manifest copy, for the POST check
+
+A sweep's DAG directory (a campaign with a ``sweep:`` block) holds one chain per member as a
+sub-DAG, each laid out as above, plus the nodes that score and rank them::
+
+    DIR/
+      campaign.dag              SUBDAG EXTERNAL chain_NN per member (CATEGORY chains, MAXJOBS
+                                dagman.max_running), eval_NN after each, FINAL compare
+      chains/<member>/          the member's chain: a whole DAG directory as above (CHAINS_DIR)
+      eval_NN.sub               the member's evaluate node (EVAL_PREFIX)
+      compare.sub               the FINAL node (COMPARE_NODE; htcondor2.dags does not write it)
+      evaluate.sh, compare.sh, final_check.py   copied from jobs/
+      sweep.json                node name -> member (SWEEP_INDEX), for status
+      metrics/members.json      member -> settings, seed, overrides (MEMBERS_FILE)
+      metrics/<member>/metrics.json   each evaluation, sent back by its node (METRICS_DIR)
+      board/                    leaderboard.md/.json from the compare node (BOARD_DIR)
 """
 
 from __future__ import annotations
@@ -34,6 +49,22 @@ RECEIPTS_DIR = "receipts"
 NODE_PREFIX = "range_"  # node name = NODE_PREFIX + range label; also the .sub file's stem
 CATEGORY = "train"  # the DAGMan category every training node belongs to (MAXJOBS throttle)
 STATUS_UPDATE_S = 60  # minimum seconds between node status file updates
+
+# ----------------------------------------------------------------- a sweep's DAG directory
+CHAINS_DIR = "chains"  # chains/<member>/ holds the member's chain DAG
+CHAIN_PREFIX = "chain_"  # SUBDAG node of member NN: chain_NN
+EVAL_PREFIX = "eval_"  # evaluate node of member NN: eval_NN (and eval_NN.sub)
+COMPARE_NODE = "compare"  # the FINAL node; compare.sub
+CHAINS_CATEGORY = "chains"  # the category of the SUBDAG nodes: MAXJOBS = chains at once
+EVALUATE_WRAPPER = "evaluate.sh"
+COMPARE_WRAPPER = "compare.sh"
+FINAL_CHECK = "final_check.py"
+SWEEP_INDEX = "sweep.json"
+MEMBERS_FILE = "members.json"
+METRICS_DIR = "metrics"
+METRICS_FILE = "metrics.json"
+METRICS_RECEIPT = "metrics-receipt.json"  # the evaluate node's copy for the access point
+BOARD_DIR = "board"
 
 # ----------------------------------------------------------------- the job's scratch dir
 # The node wrapper's side of the contract (jobs/node.sh -> muongen chain --node):

@@ -197,3 +197,112 @@ def post_script_arguments(campaign: Campaign, node: Node) -> list[str]:
         receipt = str(PurePosixPath(C.RECEIPTS_DIR) / f"{node.range_name}.json")
         target = [receipt, "--manifest-only"]
     return [*target, "--expect-range", node.range_name, "--job-return", "$RETURN"]
+
+
+# --------------------------------------------------------------------------- a sweep's nodes
+
+
+def evaluate_arguments(campaign: Campaign, last: Node) -> list[str]:
+    """jobs/evaluate.sh's arguments: ``muongen evaluate`` flags but ``--out`` (the wrapper's).
+
+    The member's last range checkpoint comes in by file transfer, so ``--checkpoint`` is its
+    manifest's file name in the scratch dir.
+    """
+    from submit.sweep import evaluation_url
+
+    assert campaign.evaluation is not None
+    return [
+        "--checkpoint", f"{last.range_name}.json",
+        "--data", evaluation_url(campaign),
+        "--events", str(campaign.evaluation.events),
+    ]  # fmt: skip
+
+
+def evaluate_description(
+    campaign: Campaign, member_campaign: Campaign, last: Node, member: str, node_name: str
+) -> dict[str, str]:
+    """The evaluate node after a member's chain: score its last checkpoint on held-out data.
+
+    ``member_campaign`` is the member's chain (its checkpoint folder); ``last`` its last node.
+    The job leaves ``metrics.json`` (published next to the member's checkpoints) and a copy
+    (sent back to the access point as ``metrics/<member>/metrics.json``, which the compare
+    node reads: it needs no token and sees a missing member as missing).
+    """
+    res = campaign.resources
+    metrics_url = f"{member_campaign.checkpoint_dir}/{C.METRICS_FILE}"
+    desc: dict[str, str] = {
+        "universe": "container",
+        "container_image": str(campaign.image),
+        "executable": C.EVALUATE_WRAPPER,
+        "arguments": condor_arguments(evaluate_arguments(campaign, last)),
+        "request_cpus": str(res.cpus),
+        "request_gpus": str(res.gpus),
+        "request_memory": res.memory,
+        "request_disk": res.disk,
+    }
+    if res.gpus_minimum_capability is not None:
+        desc["gpus_minimum_capability"] = f"{res.gpus_minimum_capability:.1f}"
+    desc |= {
+        "should_transfer_files": "YES",
+        "when_to_transfer_output": "ON_SUCCESS",
+        "success_exit_code": "0",
+        "max_retries": "0",
+        "transfer_input_files": ", ".join(
+            (transfer_url(campaign, last.output_pt), transfer_url(campaign, last.output_manifest))
+        ),
+        "transfer_output_files": ", ".join((C.METRICS_FILE, C.METRICS_RECEIPT)),
+        "transfer_output_remaps": remaps(
+            {
+                C.METRICS_FILE: transfer_url(campaign, metrics_url),
+                C.METRICS_RECEIPT: f"{C.METRICS_DIR}/{member}/{C.METRICS_FILE}",
+            }
+        ),
+        "My.JobDurationCategory": classad_string("Medium"),
+        "My.MuongenCampaign": classad_string(campaign.name),
+        "My.MuongenMember": classad_string(member),
+        "log": f"{C.LOGS_DIR}/{node_name}.log",
+        "output": f"{C.LOGS_DIR}/{node_name}.$(RETRY).out",
+        "error": f"{C.LOGS_DIR}/{node_name}.$(RETRY).err",
+    }
+    if campaign.project is not None:
+        desc["My.ProjectName"] = classad_string(campaign.project)
+    desc |= hold_policy(campaign)
+    desc |= credential_settings(campaign)
+    return desc
+
+
+COMPARE_RESOURCES = {"request_cpus": "1", "request_memory": "4GB", "request_disk": "4GB"}
+"""The compare node reads small JSON files and draws a few plots: no GPU."""
+
+
+def compare_description(campaign: Campaign) -> dict[str, str]:
+    """The FINAL compare node: ``muongen compare metrics --out board`` on every evaluation
+    that came back (``metrics/`` holds members.json, so a member without metrics.json is a
+    failed row), the board sent back to the DAG directory."""
+    desc: dict[str, str] = {
+        "universe": "container",
+        "container_image": str(campaign.image),
+        "executable": C.COMPARE_WRAPPER,
+        "arguments": condor_arguments([C.METRICS_DIR, "--out", C.BOARD_DIR]),
+        **COMPARE_RESOURCES,
+        "should_transfer_files": "YES",
+        "when_to_transfer_output": "ON_SUCCESS",
+        "success_exit_code": "0",
+        "max_retries": "0",
+        "transfer_input_files": C.METRICS_DIR,  # no trailing '/': the folder itself
+        "transfer_output_files": C.BOARD_DIR,
+        "My.JobDurationCategory": classad_string("Medium"),
+        "My.MuongenCampaign": classad_string(campaign.name),
+        "log": f"{C.LOGS_DIR}/{C.COMPARE_NODE}.log",
+        "output": f"{C.LOGS_DIR}/{C.COMPARE_NODE}.out",
+        "error": f"{C.LOGS_DIR}/{C.COMPARE_NODE}.err",
+    }
+    if campaign.project is not None:
+        desc["My.ProjectName"] = classad_string(campaign.project)
+    return desc
+
+
+def final_check_arguments() -> list[str]:
+    """jobs/final_check.py's arguments: DAGMan fills in the compare job's status, the DAG's
+    status and how many nodes failed."""
+    return ["--job-return", "$RETURN", "--dag-status", "$DAG_STATUS", "--failed", "$FAILED_COUNT"]

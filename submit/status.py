@@ -199,3 +199,113 @@ def format_summary(summary: DagSummary, dag_dir: str | Path) -> str:
             "`python -m submit submit` continues from it"
         )
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- sweeps
+
+
+@dataclass(frozen=True)
+class MemberRow:
+    member: str
+    chain: str
+    """The member's SUBDAG node state in the top DAG (its chain as a whole)."""
+    ranges_done: int
+    ranges: int
+    step: int | None
+    """Training step of the member's newest receipt."""
+    evaluate: str
+    metrics: bool
+    """metrics/<member>/metrics.json came back."""
+
+
+@dataclass(frozen=True)
+class SweepSummary:
+    top: DagSummary
+    members: list[MemberRow]
+    compare: str
+    board: Path | None
+
+
+def is_sweep_dir(dag_dir: str | Path) -> bool:
+    return (Path(dag_dir) / C.SWEEP_INDEX).is_file()
+
+
+def read_sweep_status(dag_dir: str | Path) -> SweepSummary:
+    """A sweep's DAG directory: one row per member (chain, ranges, evaluation, metrics)."""
+    dag_dir = Path(dag_dir)
+    top = read_status(dag_dir)
+    states = {n.name: n.state for n in top.nodes}
+    try:
+        index = json.loads((dag_dir / C.SWEEP_INDEX).read_text())
+    except (OSError, ValueError) as exc:
+        raise DagDirError(f"{dag_dir / C.SWEEP_INDEX} is unreadable ({exc})") from None
+    rows = []
+    for entry in index:
+        member = entry["member"]
+        chain_dir = dag_dir / C.CHAINS_DIR / member
+        ranges = len(list(chain_dir.glob(f"{C.NODE_PREFIX}*.sub")))
+        steps = [_receipt_step_of(p) for p in (chain_dir / C.RECEIPTS_DIR).glob("*.json")]
+        done = [s for s in steps if s is not None]
+        rows.append(
+            MemberRow(
+                member=member,
+                chain=states.get(entry["chain"], "not ready"),
+                ranges_done=len(done),
+                ranges=ranges,
+                step=max(done) if done else None,
+                evaluate=states.get(entry["evaluate"], "not ready"),
+                metrics=(dag_dir / C.METRICS_DIR / member / C.METRICS_FILE).is_file(),
+            )
+        )
+    board = dag_dir / C.BOARD_DIR / "leaderboard.md"
+    return SweepSummary(
+        top=top,
+        members=rows,
+        compare=states.get(C.COMPARE_NODE, "not ready"),
+        board=board if board.is_file() else None,
+    )
+
+
+def _receipt_step_of(path: Path) -> int | None:
+    try:
+        step = json.loads(path.read_text()).get("step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) else None
+
+
+def format_sweep_summary(summary: SweepSummary, dag_dir: str | Path) -> str:
+    """The text ``python -m submit status`` prints for a sweep: members as rows."""
+    top = summary.top
+    rows = summary.members
+    finished = sum(1 for r in rows if r.metrics)
+    when = f" (updated {top.updated:%Y-%m-%d %H:%M:%S} UTC)" if top.updated else ""
+    lines = [
+        f"{dag_dir}: sweep DAG {top.dag_state}; {len(rows)} members, {finished} evaluated{when}"
+    ]
+    width = max((len(r.member) for r in rows), default=6)
+    lines.append(
+        f"  {'member':<{width}}  {'chain':<10} {'ranges':>7} {'step':>9}  {'evaluate':<10} metrics"
+    )
+    for r in rows:
+        step = "" if r.step is None else str(r.step)
+        ranges = f"{r.ranges_done}/{r.ranges}"
+        lines.append(
+            f"  {r.member:<{width}}  {r.chain:<10} {ranges:>7} {step:>9}  {r.evaluate:<10} "
+            f"{'yes' if r.metrics else '-'}"
+        )
+    board = f"{summary.board}" if summary.board else "not written yet"
+    lines.append(f"compare: {summary.compare}; leaderboard: {board}")
+    failed = [r.member for r in rows if r.chain == "failed" or r.evaluate == "failed"]
+    if failed:
+        lines.append(
+            f"failed: {', '.join(failed)}; see {dag_dir}/{C.CHAINS_DIR}/<member>/{C.LOGS_DIR}/ "
+            f"and {dag_dir}/{C.LOGS_DIR}/ (`python -m submit status "
+            f"{dag_dir}/{C.CHAINS_DIR}/<member>` shows a member's ranges)"
+        )
+    if top.rescue:
+        lines.append(
+            f"rescue DAG {top.rescue} present: once the DAG has left the queue, "
+            "`python -m submit submit` continues the members that did not finish"
+        )
+    return "\n".join(lines)

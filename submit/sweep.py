@@ -12,6 +12,12 @@ API (standard library + PyYAML; never imports muongen)::
                                                       then the member's settings, then
                                                       train.seed=S
     check_overrides(overrides, source, member)        key/type check against config_keys.json
+    member_campaign(campaign, member) -> Campaign     the member's own chain: name
+                                                      <campaign>/<member> (so checkpoints go
+                                                      to ckpt/<campaign>/<member>/, TB to
+                                                      tb/<campaign>/<member>/<range>/), its
+                                                      overrides, no sweep
+    evaluation_url(campaign) -> str                   evaluation.data as a URL
 
 ``load_campaign`` (submit.campaign) calls :func:`members` once, so an unknown key or a value
 of the wrong type in any member is a one-line :class:`CampaignError` naming the member and
@@ -58,6 +64,8 @@ name to its settings either way.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import hashlib
 import itertools
 import json
@@ -338,13 +346,8 @@ def check_overrides(overrides: tuple[str, ...] | list[str], source: str, member:
         key, _, raw = item.partition("=")
         key = key.strip()
         if key not in table:
-            section = key.split(".")[0]
-            near = [k for k in table if k.startswith(section + ".")]
-            hint = (
-                f"keys of {section}: {', '.join(k.split('.', 1)[1] for k in near)}"
-                if near
-                else "see `muongen config --list`"
-            )
+            near = difflib.get_close_matches(key, list(table), n=3, cutoff=0.75)
+            hint = f"did you mean {' or '.join(near)}?" if near else "see `muongen config --list`"
             _fail(source, f"member {member}", f"{key}: not a muongen config key ({hint})")
         try:
             value = yaml.safe_load(raw) if raw.strip() else ""
@@ -364,6 +367,25 @@ def members_json(members: list[Member]) -> dict[str, Any]:
         m.name: {"settings": dict(m.settings), "seed": m.seed, "overrides": list(m.overrides)}
         for m in members
     }
+
+
+def member_campaign(campaign: Any, member: Member) -> Any:
+    """The campaign of ``member``'s chain: a plain (sweep-less) campaign whose name is
+    ``<campaign>/<member>``, so every URL of its nodes sits in the member's own folder."""
+    return dataclasses.replace(
+        campaign,
+        name=f"{campaign.name}/{member.name}",
+        training=dataclasses.replace(campaign.training, overrides=member.overrides),
+        sweep=None,
+        evaluation=None,
+    )
+
+
+def evaluation_url(campaign: Any) -> str:
+    """``evaluation.data`` as a URL: an absolute path is read in the campaign's federation
+    (like data.base: pelican://HOST/path, osdf:///path, or file:///path when local)."""
+    data = campaign.evaluation.data
+    return data if data.startswith(_URL_SCHEMES) else f"{campaign.data_root}{data}"
 
 
 # --------------------------------------------------------------------------- names

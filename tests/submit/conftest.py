@@ -68,7 +68,8 @@ def write_campaign(tmp_path):
 
 @pytest.fixture
 def jobs_dir(tmp_path, monkeypatch):
-    """A stand-in jobs/ folder: a stub node wrapper plus the real POST script.
+    """A stand-in jobs/ folder: a stub node wrapper plus the real POST script (and a sweep's
+    evaluate/compare wrappers and FINAL check).
 
     The DAG directory copies both; the tests check the DAG, not the lead's wrapper, so
     they must not depend on jobs/node.sh existing or on its content.
@@ -76,7 +77,8 @@ def jobs_dir(tmp_path, monkeypatch):
     folder = tmp_path / "jobs"
     folder.mkdir()
     (folder / "node.sh").write_text('#!/bin/sh\nexec muongen chain --node "$@"\n')
-    (folder / "post_check.py").write_text((REPO / "jobs" / "post_check.py").read_text())
+    for name in ("post_check.py", "evaluate.sh", "compare.sh", "final_check.py"):
+        (folder / name).write_text((REPO / "jobs" / name).read_text())
     for f in folder.iterdir():
         f.chmod(f.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setattr("submit.dag.JOBS_DIR", folder)

@@ -34,7 +34,7 @@ def test_submit_works_without_muongen_and_torch(tmp_path, write_campaign, jobs_d
         f"""
         from pathlib import Path
         import submit, submit.campaign, submit.dag, submit.description, submit.status
-        import submit.submission, submit.__main__ as cli
+        import submit.submission, submit.sweep, submit.config_keys, submit.__main__ as cli
         submit.dag.JOBS_DIR = Path({str(jobs_dir)!r})
         assert cli.main(["plan", {str(campaign)!r}]) == 0
         assert cli.main(["write", {str(campaign)!r}, "--out", {str(tmp_path / "dag")!r}]) == 0
@@ -44,6 +44,25 @@ def test_submit_works_without_muongen_and_torch(tmp_path, write_campaign, jobs_d
     )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "dag" / "campaign.dag").is_file()
+
+
+def test_a_sweep_is_written_without_muongen_and_torch(tmp_path, jobs_dir):
+    # members are checked against submit/config_keys.json, never against muongen.config
+    result = run_blocked(
+        {"muongen", "torch"},
+        f"""
+        from pathlib import Path
+        import submit.dag, submit.__main__ as cli
+        submit.dag.JOBS_DIR = Path({str(jobs_dir)!r})
+        example = "submit/examples/sweep.yaml"
+        assert cli.main(["plan", example]) == 0
+        assert cli.main(["write", example, "--out", {str(tmp_path / "dag")!r}]) == 0
+        leaked = [m for m in sys.modules if m.split(".")[0] in ("muongen", "torch")]
+        assert not leaked, leaked
+        """,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "dag" / "chains" / "lr_critic_1e-5+seed_0" / "campaign.dag").is_file()
 
 
 def test_campaign_module_needs_no_htcondor(write_campaign):
