@@ -376,6 +376,8 @@ def member_campaign(campaign: Any, member: Member) -> Any:
         campaign,
         name=f"{campaign.name}/{member.name}",
         training=dataclasses.replace(campaign.training, overrides=member.overrides),
+        # dagman.max_running bounds the sweep's chains; inside one, a range at a time
+        dagman=dataclasses.replace(campaign.dagman, max_running=1),
         sweep=None,
         evaluation=None,
     )

@@ -135,6 +135,7 @@ def test_each_member_chain_is_three_ranges_in_its_own_folders(sweep_dir):
         assert dag["jobs"] == {n: f"{n}.sub" for n in nodes}
         assert dict(dag["edges"]) == {nodes[0]: {nodes[1]}, nodes[1]: {nodes[2]}}
         assert set(dag["scripts"]) == {(n, "POST") for n in nodes}
+        assert dag["maxjobs"] == {C.CATEGORY: 1}  # a chain: one range at a time
         for name in (C.NODE_WRAPPER, C.POST_SCRIPT):
             assert (chain_dir / name).is_file()
         for i, r in enumerate(RANGES):
