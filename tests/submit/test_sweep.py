@@ -160,3 +160,22 @@ def test_a_bad_campaign_override_names_the_member_too(campaign_text):
 def test_evaluation_without_sweep_is_refused(campaign_text):
     with pytest.raises(CampaignError, match="evaluation: scores the members of a sweep"):
         parse_campaign(campaign_text(evaluation=EVALUATION), source="c.yaml")
+
+
+def test_a_member_campaign_puts_every_url_in_the_members_folder(campaign_text):
+    from submit.campaign import plan_nodes
+    from submit.sweep import evaluation_url, member_campaign
+
+    campaign = sweep_campaign(campaign_text)
+    member = members(campaign)[-1]
+    mine = member_campaign(campaign, member)
+    assert mine.sweep is None and mine.training.overrides == member.overrides
+    last = plan_nodes(mine)[-1]
+    base = "osdf:///ospool/ap21/data/jdoe"
+    assert last.output_manifest == f"{base}/ckpt/test-camp/{member.name}/0004000-0004999.json"
+    assert last.tensorboard == f"{base}/tb/test-camp/{member.name}/0004000-0004999"
+    assert evaluation_url(campaign) == EVALUATION["data"]
+    local = sweep_campaign(
+        campaign_text, evaluation={"data": "/data/heldout/*.parquet"}, federation="local"
+    )
+    assert evaluation_url(local) == "file:///data/heldout/*.parquet"
