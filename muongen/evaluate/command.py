@@ -9,7 +9,7 @@ Reads held-out events, generates bundles for their primaries (anew for each spli
 half, and once for all of them for the plots), and compares them with
 the held-out muons (metrics.py) against the statistical floor (floors.py) and the
 condition-ignoring baseline (baseline.py). Writes ``DIR/metrics.json`` (every value),
-``DIR/report.md`` (tables) and PNG plots, and prints the summary table.
+``DIR/report.md`` (tables) and PNG plots, and prints a short summary (report.console_summary).
 """
 
 from __future__ import annotations
@@ -209,15 +209,17 @@ def evaluate_generator(
 
 
 def make_figures(samples: dict[str, EventSample], result: dict[str, Any]) -> dict[str, Figure]:
-    """The evaluation plots, name -> Figure."""
+    """The evaluation plots, name -> Figure, each with a provenance footer (result["meta"])."""
     real = samples["real"]
     others = {k: v for k, v in samples.items() if k != "real"}
-    return {
+    figures = {
         **plots.feature_figures(real, others),
         "multiplicity_vs_energy": plots.multiplicity_vs_energy(real, others),
         "by_depth": plots.by_depth(real, {"model": samples["model"]}),
         "binned_ratios": plots.binned_ratios(result),
     }
+    footer = plots.provenance(result.get("meta"))
+    return {name: plots.add_footer(fig, footer) for name, fig in figures.items()}
 
 
 def write_outputs(
@@ -313,10 +315,11 @@ def _evaluate(args: argparse.Namespace, device: torch.device) -> int:
 
     with writing(args.out):
         paths, failed = write_outputs(args.out, result, lambda: make_figures(samples, result))
-    print(report.summary_table(result))
-    print()
-    print(report.headline(result))
-    print(f"wrote {paths['metrics']}, {paths['report']} and {len(paths) - 2} plots in {args.out}")
+    print(report.console_summary(result))  # the tables are in report.md
+    print(
+        f"wrote metrics.json, report.md (the full tables) and {len(paths) - 2} plots "
+        f"in {args.out}"
+    )
     if failed:
         raise MuongenError(
             f"the plots could not be drawn ({failed}); {paths['metrics']} and "

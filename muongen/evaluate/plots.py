@@ -6,13 +6,19 @@ label -> generated samples) and returns a :class:`matplotlib.figure.Figure` (or 
 name -> Figure); the caller saves or logs them (:func:`save_figures`,
 ``TensorBoardLogger.figure``). Style: mplhep's experiment-neutral ROOT style, applied per
 figure through ``rc_context`` (never globally), axis labels with units, log axes where a
-quantity spans decades, a legend entry for every line, ratio panels under histograms.
+quantity spans decades (ticks read 0.1, 1, 10, and 2, 3, 5 between them on a short axis, not
+2x10^0), a legend in every panel with lines (or one for the figure), ratio panels under
+histograms labelled "model / simulation", a note where a generated curve ends before the
+simulation's, and a provenance footer (:func:`add_footer`: checkpoint, step, data, date).
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+import math
+import textwrap
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +26,13 @@ import matplotlib
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from muongen.evaluate.features import EVENT_OBSERVABLES, MUON_OBSERVABLES, EventSample
 from muongen.evaluate.metrics import default_edges
 
 REAL_LABEL = "simulation (held-out)"
+RATIO_LABEL = "model / simulation"
 COLORS = tuple(f"tab:{c}" for c in ("blue", "orange", "green", "purple", "brown", "cyan", "olive"))
 
 #: Axis labels of the observables, with units.
@@ -49,6 +57,12 @@ CONDITION_LABELS = {
 LOG_X = ("radius", "mean_radius")
 #: Units of one x unit, for the density axis label.
 X_UNITS = {"radius": "1/m", "x": "1/m", "y": "1/m", "mean_radius": "1/m"}
+#: A value's unit in the notes, by observable.
+VALUE_UNITS = {"radius": " m", "x": " m", "y": " m", "mean_radius": " m"}
+#: Simulated entries beyond the end of a generated curve that earn it a note.
+MIN_MISSING = 5
+#: Height of the provenance footer per line of text, in inches.
+FOOTER_LINE_IN = 0.16
 
 
 def _style() -> dict[str, Any]:
@@ -71,13 +85,91 @@ def hep(fn):
     return wrapper
 
 
+def tick_text(value: float) -> str:
+    """A log axis' tick: 0.01 ... 1000 as plain numbers, else 10^k or m x 10^k."""
+    if not (math.isfinite(value) and value > 0):
+        return ""
+    if 1e-3 <= value < 1e4:
+        return f"{value:g}"
+    exp = math.floor(math.log10(value) + 1e-9)
+    mant = value / 10.0**exp
+    return f"$10^{{{exp}}}$" if abs(mant - 1) < 1e-6 else f"${mant:g}\\times10^{{{exp}}}$"
+
+
+def _minor_text(value: float, _pos: Any = None) -> str:
+    """Minor ticks 2, 3 and 5 (x any power of ten) get a label; the others none."""
+    if not (math.isfinite(value) and value > 0):
+        return ""
+    mant = value / 10.0 ** math.floor(math.log10(value) + 1e-9)
+    return tick_text(value) if any(abs(mant - m) < 1e-6 for m in (2, 3, 5)) else ""
+
+
+def readable_log_ticks(ax) -> None:
+    """Plain-number labels on ``ax``'s log axes; minor ticks 2, 3, 5 labelled only on an
+    axis spanning at most 1.5 decades (where majors alone would leave one or two labels)."""
+    for axis in (ax.xaxis, ax.yaxis):
+        if axis.get_scale() != "log":
+            continue
+        lo, hi = sorted(axis.get_view_interval())
+        short = lo > 0 and math.isfinite(hi / lo) and math.log10(hi / lo) <= 1.5
+        axis.set_major_formatter(FuncFormatter(lambda v, _pos: tick_text(v)))
+        axis.set_minor_formatter(FuncFormatter(_minor_text) if short else NullFormatter())
+
+
 class HepFigure(Figure):
     """A Figure that draws in mplhep's style wherever it is rendered (a PNG here, an image
-    for TensorBoard elsewhere): fonts and mathtext are resolved at draw time."""
+    for TensorBoard elsewhere): fonts and mathtext are resolved at draw time, and so are the
+    labels of log axes (:func:`readable_log_ticks`, once the axis limits are final)."""
 
     def draw(self, renderer) -> None:
         with matplotlib.rc_context(_style()):
+            for ax in self.axes:
+                readable_log_ticks(ax)
             super().draw(renderer)
+
+
+def _short_path(path: Any, parts: int = 3) -> str:
+    """The last ``parts`` components of a path or URL (a footer has room for little)."""
+    text = str(path).rstrip("/")
+    pieces = text.split("/")
+    return text if len(pieces) <= parts else "…/" + "/".join(pieces[-parts:])
+
+
+def provenance(meta: Mapping[str, Any] | None) -> str:
+    """One line naming what a plot shows, from an evaluation's ``meta``: the checkpoint and
+    its step, the held-out data, the date and the muongen version ("" without meta)."""
+    meta = meta or {}
+    parts = []
+    if meta.get("checkpoint"):
+        parts.append(f"checkpoint {_short_path(meta['checkpoint'])}")
+    if meta.get("step") is not None:
+        parts.append(f"step {meta['step']:,}")
+    data = meta.get("data")
+    if data:
+        data = [data] if isinstance(data, (str, Path)) else list(data)
+        text = ", ".join(_short_path(d, 2) for d in data[:2])
+        parts.append(f"data {text}" + (f" +{len(data) - 2} more" if len(data) > 2 else ""))
+    if meta.get("created"):
+        created = str(meta["created"]).replace("T", " ")
+        parts.append(created[:16] + (" UTC" if created.endswith("+00:00") else ""))
+    if meta.get("muongen_version"):
+        parts.append(f"muongen {meta['muongen_version']}")
+    return " · ".join(parts)
+
+
+def add_footer(fig: Figure, text: str) -> Figure:
+    """``text`` in small grey letters along the bottom edge of ``fig`` (wrapped to its width),
+    with the panels moved up to make room. Returns ``fig``."""
+    if not text:
+        return fig
+    per_line = max(int(fig.get_figwidth() / 0.062), 40)  # 7 pt characters per inch
+    lines = textwrap.wrap(text, per_line) or [text]
+    frac = (FOOTER_LINE_IN * len(lines) + 0.04) / fig.get_figheight()
+    engine = fig.get_layout_engine()
+    if engine is not None and hasattr(engine, "set"):
+        engine.set(rect=(0, frac, 1, 1 - frac))
+    fig.text(0.006, 0.006, "\n".join(lines), fontsize=7, color="0.35", ha="left", va="bottom")
+    return fig
 
 
 def new_figure(width: float, height: float) -> Figure:
@@ -153,11 +245,37 @@ def draw_ratio(rax, edges, num, num_err, den, den_err, color, label=None) -> Non
     rax.errorbar(centres[ok], r[ok], yerr=err[ok], fmt="o", ms=3, color=color, lw=1, label=label)
 
 
+def curve_end_notes(
+    n: np.ndarray, n_ref: np.ndarray, edges: np.ndarray, unit: str = ""
+) -> list[tuple[float, str]]:
+    """Where a generated histogram ``n`` ends before the simulated ``n_ref`` (at least
+    :data:`MIN_MISSING` simulated entries beyond its last or before its first filled bin):
+    ``[(edge, "none above 15 m (0.6 % of simulated)")]``, high end first."""
+    total = n_ref.sum()
+    filled = np.flatnonzero(n > 0)
+    if total <= 0:
+        return []
+    if filled.size == 0:
+        return [(float(edges[0]), "none in this range")]
+    notes = []
+    above = n_ref[filled[-1] + 1 :].sum()
+    if above >= MIN_MISSING:
+        edge = float(edges[filled[-1] + 1])
+        notes.append((edge, f"none above {edge:.3g}{unit} ({above / total:.1%} of simulated)"))
+    below = n_ref[: filled[0]].sum()
+    if below >= MIN_MISSING:
+        edge = float(edges[filled[0]])
+        notes.append((edge, f"none below {edge:.3g}{unit} ({below / total:.1%} of simulated)"))
+    return notes
+
+
 def histogram_with_ratio(
     ax, rax, name: str, ref: np.ndarray, others: dict[str, np.ndarray], n_bins: int = 40
 ) -> None:
     """Normalised histograms of ``ref`` (filled, with errors) and ``others`` (lines) on
-    ``ax``; other / ref on ``rax`` with the errors of both; a legend entry for each."""
+    ``ax``; other / ref on ``rax`` with the errors of both; a legend entry for each, and
+    one for each place where a generated curve ends before the simulation's (a dotted line
+    there)."""
     import mplhep
 
     log_x = name in LOG_X
@@ -205,6 +323,9 @@ def histogram_with_ratio(
             color,
             label=f"{label} / simulation",
         )
+        for edge, note in curve_end_notes(n, n_ref, edges, VALUE_UNITS.get(name, "")):
+            ax.axvline(edge, color=color, ls=":", lw=1.2, label=f"{label}: {note}")
+            rax.axvline(edge, color=color, ls=":", lw=1.2)
     if outside:
         ax.text(
             0.98,
@@ -218,10 +339,18 @@ def histogram_with_ratio(
     ax.set_yscale("log")
     unit = X_UNITS.get(name)
     ax.set_ylabel(r"$1/N\;\mathrm{d}N/\mathrm{d}x$" + (f" [{unit}]" if unit else ""))
-    ax.legend(fontsize=9, loc="lower center" if name in ("x", "y") else "best")
+    # a light frame: the legend may sit on the simulation's grey fill
+    ax.legend(
+        fontsize=9,
+        loc="lower center" if name in ("x", "y") else "best",
+        frameon=True,
+        facecolor="white",
+        edgecolor="none",
+        framealpha=0.85,
+    )
     rax.axhline(1.0, color="0.4", lw=0.8)
     rax.set_ylim(0.0, 2.0)
-    rax.set_ylabel("ratio")
+    rax.set_ylabel(RATIO_LABEL)
     rax.set_xlabel(LABELS.get(name, name))
     if log_x:
         ax.set_xscale("log")
@@ -288,14 +417,20 @@ def _profile(x: np.ndarray, y: np.ndarray, edges: np.ndarray) -> tuple[np.ndarra
 @hep
 def multiplicity_vs_energy(real: EventSample, others: dict[str, EventSample]) -> Figure:
     """Mean log10(N + 1) against primary log10 energy, one colour per primary mass group:
-    held-out simulation as points with errors, generated samples as lines; the ratio
-    panel shows (N + 1) generated / simulated, 10^(mean difference)."""
+    held-out simulation as points with errors, generated samples as lines with small markers
+    (so a bin between empty ones shows); the ratio panel shows the first generated sample's
+    (the model's) (N + 1) / simulated, 10^(mean difference). A mass group whose curves end
+    before the highest energy bin says so in its legend entry ("none above 10^6.7 GeV": no
+    held-out primaries there, so nothing was generated there either)."""
     fig = new_figure(7.5, 6.5)
     ax, rax = ratio_axes(fig)
     log_e = real.condition("log10_energy")
     edges = np.linspace(log_e.min(), log_e.max() + 1e-9, 13) if real.n_events else np.arange(2.0)
     centres = 0.5 * (edges[1:] + edges[:-1])
     styles = ("-", "--", ":", "-.")
+    occupied = np.histogram(log_e, edges)[0] > 0
+    last_bin = int(np.flatnonzero(occupied)[-1]) if occupied.any() else 0
+    ends = 0
     for color, (label, (lo, hi)) in zip(COLORS * 2, _mass_groups(real)):
         ref = None
         for i, sample in enumerate([real, *others.values()]):
@@ -306,26 +441,36 @@ def multiplicity_vs_energy(real: EventSample, others: dict[str, EventSample]) ->
             )
             if i == 0:
                 ref = (mean, err)
+                filled = np.flatnonzero(np.isfinite(mean))
+                if filled.size and filled[-1] < last_bin:
+                    label += f": none above $10^{{{edges[filled[-1] + 1]:.1f}}}$ GeV"
+                    ends += 1
                 ax.errorbar(centres, mean, yerr=err, fmt="o", ms=4, color=color, label=label)
             else:
-                ax.plot(centres, mean, styles[(i - 1) % 4], color=color, lw=1.4)
-                ratio = 10.0 ** (mean - ref[0])
-                rax.errorbar(
-                    centres,
-                    ratio,
-                    yerr=ratio * np.log(10) * np.hypot(err, ref[1]),
-                    fmt=styles[(i - 1) % 4][0] if i > 1 else "o-",
-                    ms=3,
-                    color=color,
-                    lw=1,
-                )
+                style = styles[(i - 1) % 4]
+                ax.plot(centres, mean, style, marker="s", ms=2.5, color=color, lw=1.4)
+                if i == 1:  # the model
+                    ratio = 10.0 ** (mean - ref[0])
+                    rax.errorbar(
+                        centres,
+                        ratio,
+                        yerr=ratio * np.log(10) * np.hypot(err, ref[1]),
+                        fmt="o-",
+                        ms=3,
+                        color=color,
+                        lw=1,
+                    )
     for i, name in enumerate(others):
-        ax.plot([], [], styles[i % 4], color="0.3", label=f"{name} (lines)")
+        ax.plot([], [], styles[i % 4], marker="s", ms=2.5, color="0.3", label=f"{name} (lines)")
     ax.set_ylabel(r"mean $\log_{10}(N_\mu + 1)$")
-    ax.legend(fontsize=9, title=f"points: {REAL_LABEL}", title_fontsize=9)
+    title = f"points: {REAL_LABEL}"
+    if ends:
+        title += "\nnone above: no held-out primaries,\nso no generated events either"
+    ax.legend(fontsize=9, title=title, title_fontsize=9, loc="upper left")
     rax.axhline(1.0, color="0.4", lw=0.8)
     rax.set_ylim(0.5, 1.5)
-    rax.set_ylabel("ratio")
+    first = next(iter(others), "model")
+    rax.set_ylabel(RATIO_LABEL if first == "model" else f"{first} / simulation")
     rax.set_xlabel(r"primary $\log_{10}(E\,/\,\mathrm{GeV})$")
     return fig
 
@@ -359,7 +504,7 @@ def by_depth(real: EventSample, others: dict[str, EventSample]) -> Figure:
         ax.set_ylabel(LABELS[name])
         if name in LOG_X:
             ax.set_yscale("log")
-        ax.legend(fontsize=9)
+        ax.legend(fontsize=9, frameon=True, facecolor="white", edgecolor="none", framealpha=0.85)
     return fig
 
 
@@ -376,7 +521,7 @@ KEY_METRICS = (
 def binned_ratios(result: dict[str, Any], metrics: tuple[str, ...] = KEY_METRICS) -> Figure:
     """Ratio to floor of each metric in each condition bin (model: filled, baseline: open)."""
     binned = result.get("binned", {})
-    fig = new_figure(5.5 * max(len(binned), 1), 5)
+    fig = new_figure(5.5 * max(len(binned), 1), 5.8)
     axes = np.atleast_1d(fig.subplots(1, max(len(binned), 1)))
     target = result.get("ratio_target", 3.0)
     for ax, (var, info) in zip(axes, binned.items()):
@@ -395,7 +540,17 @@ def binned_ratios(result: dict[str, Any], metrics: tuple[str, ...] = KEY_METRICS
         ax.set_yscale("log")
         ax.set_xlabel(CONDITION_LABELS.get(var, var))
         ax.set_ylabel("metric / floor")
-    axes[0].legend(fontsize=8, title="filled: model, open: baseline", title_fontsize=8)
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:  # one legend for all panels, above them
+        fig.legend(
+            handles,
+            labels,
+            loc="outside upper center",
+            ncol=min(len(handles), 4),
+            fontsize=9,
+            title="filled: model, open: baseline (a generator that ignores the primary)",
+            title_fontsize=9,
+        )
     return fig
 
 

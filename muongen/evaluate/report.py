@@ -204,6 +204,50 @@ def headline(result: dict[str, Any]) -> str:
     return text
 
 
+#: Tail subsets in the console summary, by their key in result["summary"]["tail"].
+_TAIL_SHORT = {"top_energy_decade": "top energy decade", "rich_bundles": "100+-muon bundles"}
+
+
+def console_summary(result: dict[str, Any]) -> str:
+    """What ``muongen evaluate`` prints: a few lines of at most ~100 characters (median and
+    worst ratio to floor, the verdict counts, the tail subsets where measured); the tables
+    stay in report.md, which the caller names."""
+    s = result.get("summary", {})
+    n = s.get("n_metrics", 0)
+    lines = []
+    if not n:
+        lines.append("No metric has a floor: the held-out data hold no muons.")
+    else:
+        target = result.get("ratio_target", 3.0)
+        lines += [
+            f"model / floor over {n} metrics: median {_times(s.get('median_ratio'))}, "
+            f"worst {_times(s.get('worst_ratio'))}",
+            f"  worst: {s.get('worst')}",
+            f"verdicts: {s.get('n_pass', 0)} pass, {s.get('n_no_pass', 0)} no pass, "
+            f"{s.get('n_FAIL', 0)} FAIL, {s.get('n_floor_uncertain', 0)} floor uncertain "
+            f"(target {target:g}x; 1x = a second simulation)",
+        ]
+        certain = s.get("n_floor_certain")
+        if certain and certain != n:
+            lines.append(
+                f"floor known ({certain} metrics): median "
+                f"{_times(s.get('median_ratio_certain'))}, "
+                f"worst {_times(s.get('worst_ratio_certain'))}"
+            )
+    tails = []
+    for name, t in (s.get("tail") or {}).items():
+        label = _TAIL_SHORT.get(name, name.replace("_", " "))
+        median = t.get("median_ratio")
+        if median is None or (isinstance(median, float) and math.isnan(median)):
+            tails.append(f"{label} too few events")
+        else:
+            worst = "no model output" if t.get("worst_no_output") else _times(t.get("worst_ratio"))
+            tails.append(f"{label} median {_times(median)}, worst {worst}")
+    if tails:
+        lines.append("tail: " + "; ".join(tails))
+    return "\n".join(lines)
+
+
 def uncertain_note(result: dict[str, Any]) -> str:
     """A sentence on the metrics whose floor is not known (empty if none): how many could be
     measured in fewer than two splits, the errors of the others, and how many times the

@@ -131,3 +131,27 @@ def test_plots_cope_with_a_model_without_muons(tmp_path, toy):
     fig = plots.feature_histograms(real, {"model": empty})
     assert plots.save_figures({"f": fig}, tmp_path)[0].stat().st_size > 0
     assert math.isnan(empty.event["mean_radius"][0])
+
+
+def test_console_summary_is_a_few_short_lines(result_and_samples):
+    res, _, _ = result_and_samples
+    res = {**res, "summary": {**res["summary"]}}
+    res["summary"]["tail"] = {
+        "top_energy_decade": {"median_ratio": 2.5, "worst_ratio": 7.0, "worst_no_output": False},
+        "rich_bundles": {"median_ratio": float("nan"), "worst_ratio": float("nan")},
+    }
+    text = report.console_summary(res)
+    lines = text.splitlines()
+    s = res["summary"]
+    assert len(lines) <= 6 and max(map(len, lines)) <= 100, text
+    assert lines[0] == (
+        f"model / floor over {s['n_metrics']} metrics: median {s['median_ratio']:.3g}x, "
+        f"worst {s['worst_ratio']:.3g}x"
+    )
+    assert f"{s['n_pass']} pass" in text and f"{s['n_FAIL']} FAIL" in text
+    assert lines[-1] == (
+        "tail: top energy decade median 2.5x, worst 7x; 100+-muon bundles too few events"
+    )
+    assert "|" not in text  # no table: report.md has those
+    empty = report.console_summary({"summary": {"n_metrics": 0}})
+    assert empty == "No metric has a floor: the held-out data hold no muons."
