@@ -127,6 +127,8 @@ def _run_node_locked(spec: NodeSpec, scratch: Path, stop=None) -> int:
     check = stop.check if stop is not None else (lambda: None)  # start-up's safe points
     run_dir = scratch / C.RUN_DIR.format(range=spec.range_name)
     cfg = node_config(spec, run_dir)
+    if stop is not None:
+        stop.signal_code = cfg.train.signal_exit_code
     check()
     trainer = Trainer(cfg, run_dir, range_name=spec.range_name, stop=stop)
     check()

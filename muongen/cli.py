@@ -110,8 +110,10 @@ def main(argv: list[str] | None = None) -> int:
             stop.restore()  # called in-process (tests): leave the handlers as they were
     if stop is not None and whole_process:
         # Everything is written and closed: a signal from here on leaves at once, with
-        # this code, instead of being lost while the interpreter shuts down.
+        # this code (or the signal's), instead of being lost while the interpreter shuts
+        # down; one that came since the verb last looked is not dropped either.
         stop.finished_code = code
+        code = stop.late(code)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         _exit_now(code)
     return code

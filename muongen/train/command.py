@@ -97,6 +97,7 @@ def _train(args: argparse.Namespace, stop) -> int:
         _check_no_step_limit(args.config, args.overrides)
     cfg = load_config(args.config, overrides)
     run_dir = Path(args.out or Path("runs") / Path(args.config).stem)
+    stop.signal_code = cfg.train.signal_exit_code
     stop.check()  # safe points of start-up: a signal recorded so far is acted on here
 
     dist = ddp.init("cuda" if cfg.train.device in ("cuda", "auto") and _has_cuda() else "cpu")

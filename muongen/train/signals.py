@@ -69,6 +69,8 @@ class StopRequest:
         self.startup_code = startup_code
         self.bare = False  # nothing open yet: the handler may leave at once
         self.finished_code: int | None = None  # the verb's result, once everything is closed
+        self.signal_code = startup_code  # the exit code of a run stopped by SIGTERM
+        self._late_said = False
         self._old: dict[int, object] = {}
 
     @property
@@ -124,19 +126,24 @@ class StopRequest:
             raise KeyboardInterrupt
         raise Evicted(self.startup_message(), self.startup_code)
 
-    def late(self, code: int, signal_code: int) -> int:
+    def late(self, code: int, signal_code: int | None = None) -> int:
         """The exit code of a run that ended with ``code``: a signal that came after the last
         step (while the final checkpoint was written, published or closed) is not dropped:
-        ``signal_code`` (130 after SIGINT) instead of 0, with one line."""
+        ``signal_code`` (default :attr:`signal_code`; 130 after SIGINT) instead of 0, with
+        one line."""
+        if signal_code is not None:
+            self.signal_code = signal_code
         if code != 0 or self.signum is None:
             return code
-        late = EXIT_INTERRUPTED if self.interrupted else signal_code
-        name = signal.Signals(self.signum).name
-        print(
-            f"muongen {self.verb}: received {name} after the last step: the run is complete "
-            f"and its final checkpoint written; exit {late}",
-            file=sys.stderr,
-        )
+        late = EXIT_INTERRUPTED if self.interrupted else self.signal_code
+        if not self._late_said:
+            self._late_said = True
+            name = signal.Signals(self.signum).name
+            print(
+                f"muongen {self.verb}: received {name} after the last step: the run is "
+                f"complete and its final checkpoint written; exit {late}",
+                file=sys.stderr,
+            )
         return late
 
     def _leave_now(self, signum: int) -> None:
@@ -144,7 +151,9 @@ class StopRequest:
         name = signal.Signals(signum).name
         if self.finished_code is not None:
             code = self.finished_code
-            line = f"received {name} while exiting: the command had finished; exit {code}"
+            if code == 0:
+                code = EXIT_INTERRUPTED if signum == signal.SIGINT else self.signal_code
+            line = f"received {name} while exiting: the run had ended; exit {code}"
         elif signum == signal.SIGINT:
             code, line = EXIT_INTERRUPTED, "interrupted"
         else:

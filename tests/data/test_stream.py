@@ -207,6 +207,20 @@ def test_bad_inputs_are_skipped_and_reported(bad_inputs, keys_of):
     assert "bad_files" in json.dumps(stream.state_dict()["report"])
 
 
+def test_a_0_byte_file_is_skipped_and_reported_as_empty(dataset, tmp_path, keys_of):
+    # an interrupted copy leaves a 0-byte file: skipped with data.strict false, and named
+    # for what it is in bad_input.json (not "neither Parquet nor HDF5")
+    empty = tmp_path / "0-empty.parquet"
+    empty.write_bytes(b"")
+    report = BadInputReport()
+    files = [str(empty), dataset[0]]
+    stream = EventStream(files, cfg_(max_epochs=1, shuffle_files=False), report=report)
+    assert len(keys_of(list(stream))) == ROWS
+    assert list(report.files) == [str(empty)]
+    assert "empty (0 bytes)" in report.files[str(empty)]
+    assert report.to_dict()["totals"]["bad_files"] == stream.stats["bad_files"] == 1
+
+
 def test_strict_mode_fails_on_the_first_bad_file(bad_inputs):
     stream = EventStream(
         bad_inputs, cfg_(max_epochs=1, strict=True, shuffle_files=False, open_files=1)

@@ -5,6 +5,7 @@ messages that name the folder (issue 53, items 6, 7, 8 and 9)."""
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import signal
@@ -29,6 +30,25 @@ from .conftest import tiny_overrides
 def train_argv(data, out, *sets: str) -> list[str]:
     argv = ["train", "--config", "demo", "--out", str(out)]
     return argv + [a for s in [*tiny_overrides(data), *sets] for a in ("--set", s)]
+
+
+# --------------------------------------------------------------------------- item 4: 0 bytes
+
+
+def test_a_0_byte_first_input_is_skipped_and_recorded(tiny_data, tmp_path):
+    # the normalisers were fitted on the first file, which raised before the stream could
+    # skip it: training aborted with data.strict false and bad_input.json stayed empty
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "0-empty.parquet").write_bytes(b"")  # sorts first
+    for f in sorted(tiny_data.glob("*.parquet"))[:2]:
+        (data / f.name).symlink_to(f)
+    cfg = load_config(None, tiny_overrides(data, **{"data.strict": "false", "train.max_steps": 5}))
+    t = Trainer(cfg, tmp_path / "r")
+    assert t.train() == 0 and t.step > 0
+    report = json.loads((tmp_path / "r" / "bad_input.json").read_text())
+    assert [f["url"] for f in report["bad_files"]] == [str(data / "0-empty.parquet")]
+    assert "empty (0 bytes)" in report["bad_files"][0]["reason"]
 
 
 # --------------------------------------------------------------------------- item 6: the lock

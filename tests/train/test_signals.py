@@ -18,7 +18,7 @@ from .conftest import tiny_overrides
 def _sigterm_then(real):
     def startup_step(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGTERM)  # the eviction arrives in the middle of start-up
-        time.sleep(0.5)  # (the handler raises here, on the main thread)
+        time.sleep(0.5)  # (the handler only records it; start-up acts at its next safe point)
         return real(*args, **kwargs)
 
     return startup_step
@@ -53,3 +53,55 @@ def test_sigterm_during_a_chain_nodes_startup_exits_85(tiny_data, tmp_path, monk
     argv += ["--preset", "demo", "--scratch", str(tmp_path)]
     assert cli.main(argv) == EXIT_RESTART
     assert "received SIGTERM during start-up" in capsys.readouterr().err
+
+
+def test_the_handler_is_in_place_before_the_verbs_module_loads(monkeypatch):
+    # a SIGTERM that lands while `muongen train` imports its module (and torch after it)
+    # must find muongen's handler, never the default one (death by signal 15)
+    seen = []
+    real = cli.build_parser
+
+    def spy(verbs=None):
+        seen.append(signal.getsignal(signal.SIGTERM))
+        return real(verbs)
+
+    monkeypatch.setattr(cli, "build_parser", spy)
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    assert seen and callable(seen[0]) and seen[0] not in (signal.SIG_DFL, signal.SIG_IGN)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored in-process
+
+
+def test_a_handler_never_raises_it_records(monkeypatch):
+    from muongen.train.signals import Evicted, StopRequest
+
+    stop = StopRequest().install()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)  # lands "inside an import": nothing is raised
+        time.sleep(0.05)
+        assert stop.signum == signal.SIGTERM
+        with pytest.raises(Evicted, match="exit 85"):
+            stop.check()  # the safe point acts on it
+    finally:
+        stop.restore()
+
+
+def test_sigterm_after_the_last_step_is_not_dropped(tiny_data, tmp_path, monkeypatch, capsys):
+    from muongen.train.checkpoint import Checkpointer
+
+    real_save = Checkpointer.save
+
+    def save_then_sigterm(self, state, step):
+        saved = real_save(self, state, step)
+        if step == 6:  # the last step's checkpoint: the eviction lands while it is written
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+        return saved
+
+    monkeypatch.setattr(Checkpointer, "save", save_then_sigterm)
+    argv = ["train", "--config", "demo", "--out", str(tmp_path / "r"), "--max-steps", "6"]
+    sets = [*tiny_overrides(tiny_data), "train.signal_exit_code=85", "checkpoint.every_steps=50"]
+    argv += [a for s in sets for a in ("--set", s)]
+    assert cli.main(argv) == EXIT_RESTART  # was 0: the eviction silently dropped
+    err = capsys.readouterr().err
+    assert "received SIGTERM after the last step" in err and "Traceback" not in err
