@@ -1,6 +1,6 @@
-"""The README's commands, as written: every `muongen ...` line of the README and of the notes
-under docs/ parses with the real CLI, and the files they name are files the demo leaves
-behind."""
+"""The README's commands, as written: every `muongen ...` and `python -m submit ...` line of
+the README and of the user guide under docs/ parses with the real CLI, and the files they
+name are files the demo leaves behind."""
 
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ from muongen.cli import build_parser
 from muongen.config import load_config
 
 README = Path(__file__).parents[1] / "README.md"
-DOCS = sorted((Path(__file__).parents[1] / "docs").glob("*.md"))
+DOCS = sorted((Path(__file__).parents[1] / "docs").rglob("*.md"))
 
 
 def readme_commands() -> list[str]:
-    """`muongen ...` commands of the code blocks of the README and docs/*.md (continuations
-    joined; `[...]` optional parts and trailing comments dropped)."""
+    """`muongen ...` and `python -m submit ...` commands of the code blocks of the README and
+    docs/**/*.md (continuations joined; `[...]` optional parts and trailing comments
+    dropped)."""
     text = "\n".join(path.read_text() for path in [README, *DOCS])
     blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
     commands = []
@@ -28,7 +29,10 @@ def readme_commands() -> list[str]:
             line = line.split("  #")[0].split(" # ")[0].strip()
             for part in line.split("&&"):
                 words = part.strip().split(maxsplit=1)
-                if words and words[0] in ("muongen", ".venv/bin/muongen"):
+                if words and (
+                    words[0] in ("muongen", ".venv/bin/muongen")
+                    or part.strip().startswith("python -m submit ")
+                ):
                     commands.append(re.sub(r"\s*\[[^\]]*\]", "", part.strip()))
     return commands
 
@@ -40,10 +44,23 @@ def test_the_readme_has_commands():
     assert len(COMMANDS) > 10
 
 
+def test_the_guide_has_commands_on_every_page_that_shows_any():
+    # The guide's commands go through the same check as the README's: each page whose
+    # code blocks hold `muongen` lines is read (docs/reference/ too).
+    names = {p.relative_to(README.parent / "docs").as_posix() for p in DOCS}
+    assert {"training.md", "sampling.md", "grid.md", "reference/config.md"} <= names
+    assert any(c.startswith("python -m submit ") for c in COMMANDS)
+    assert sum("--domain strict" in c for c in COMMANDS) >= 2  # sample and evaluate
+
+
 @pytest.mark.parametrize("command", COMMANDS)
 def test_readme_command_parses(command):
-    argv = shlex.split(command)[1:]
-    parser = build_parser()
+    if command.startswith("python -m submit "):
+        from submit.__main__ import build_parser as submit_parser
+
+        argv, parser = shlex.split(command)[3:], submit_parser()
+    else:
+        argv, parser = shlex.split(command)[1:], build_parser()
     try:
         parser.parse_args(argv)
     except SystemExit as exc:
