@@ -31,11 +31,7 @@ Mode = Literal["auto", "bar", "plain"]
 #: Where the losses and the other columns are explained (the user guide's training page).
 DOCS = "docs/training.md#reading-the-training-output"
 #: The first line of a run's progress.
-HEADER = (
-    "progress: step | elapsed | eta | throughput | c_loss (critic), g_loss (generator), "
-    "m_loss (multiplicity) | w_gap (critic's distance estimate, ma: moving average) | "
-    f"health. How to read them: {DOCS}"
-)
+HEADER = f"what the columns mean (c/g/m_loss, w_gap, health): {DOCS}"
 
 #: (metric name, unit or label, format) in display order; "g" = 3 significant digits.
 _FIELDS = (
