@@ -7,6 +7,12 @@ symlinked (default) or copied in; ``<name>`` is the run's path below its SRC, so
 different SRCs get more of their source path in the name (``node1/tb/campA/r0`` vs
 ``node2/tb/campA/r0``). Event files are linked one by one, so a run nested in another
 run's folder stays separate and a re-run only adds what is new.
+
+A sweep's members (``--members``, its members.json or leaderboard.json) are laid side by
+side: every run below a member's folder (``tb/<campaign>/<member>/<range>/``) goes into
+``OUT/<member>/``, one run per member whose curves continue from range to range, and the
+member's settings and seed (with its leaderboard scores, when given) are written there for
+TensorBoard's HParams tab (:func:`write_hparams`).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import fnmatch
+import json
 import os
 import re
 import shutil
@@ -32,6 +39,10 @@ HELP = "curate TensorBoard runs from many nodes into one folder (symlink or copy
 EVENTS_PREFIX = "events.out.tfevents."
 #: File in each merged run folder naming the run folder it came from (keeps names stable).
 SOURCE_MARKER = ".tb-merge-source"
+#: Suffix of the event files tb-merge writes itself (hparams), replaced on each merge.
+HPARAMS_SUFFIX = ".muongen-hparams"
+#: The leaderboard's scores, as HParams metrics (scalar tags of each member's run).
+METRIC_TAGS = {"worst": "sweep/worst_ratio", "median": "sweep/median_ratio"}
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -213,6 +224,15 @@ def _place(src: Path, dest: Path, copy: bool, dry_run: bool) -> str:
     return "placed"
 
 
+def member_of(run: Run, members: Mapping[str, object]) -> str | None:
+    """The sweep member whose folder holds ``run`` (the deepest path component that names
+    one), or None."""
+    for part in reversed(Path(os.path.abspath(run.path)).parts):
+        if part in members:
+            return part
+    return None
+
+
 def merge(
     runs: list[Run],
     out: Path,
@@ -220,16 +240,25 @@ def merge(
     copy: bool = False,
     dry_run: bool = False,
     stream: TextIO | None = None,
+    members: Mapping[str, object] | None = None,
 ) -> MergeStats:
-    """Place each run's event files under ``out/<name>/`` and print one line per run."""
+    """Place each run's event files under ``out/<name>/`` and print one line per run; a run
+    of one of ``members`` goes into ``out/<member>/`` with that member's other runs."""
     stream = sys.stdout if stream is None else stream
     stats = MergeStats()
     verb = "copy" if copy else "link"
-    for run, name in zip(runs, run_names(runs, merged_sources(out))):
+    members = members or {}
+    owner = [member_of(run, members) for run in runs]
+    plain = [run for run, m in zip(runs, owner) if m is None]
+    existing = {**merged_sources(out), **{m: f"sweep member {m}" for m in owner if m}}
+    plain_names = iter(run_names(plain, existing))
+    for run, member in zip(runs, owner):
+        name = member if member is not None else next(plain_names)
         dest = out / name
         if not dry_run:
             dest.mkdir(parents=True, exist_ok=True)
-            (dest / SOURCE_MARKER).write_text(os.path.realpath(run.path) + "\n")
+            if member is None:
+                (dest / SOURCE_MARKER).write_text(os.path.realpath(run.path) + "\n")
         results = Counter(_place(f, dest / f.name, copy, dry_run) for f in run.files)
         stats.runs += 1
         stats.placed += results["placed"]
@@ -241,6 +270,108 @@ def merge(
             note += f", {results['conflict']} conflicting (left alone)"
         print(f"{verb} {name} <- {run.path} ({note}; modified {when})", file=stream)
     return stats
+
+
+def read_sweep(path: Path) -> dict[str, dict]:
+    """A sweep's members, {member: {"settings", "seed", "worst", "median", "status"}}, from
+    a leaderboard.json (with scores) or a members.json, or a folder holding either (also
+    in its ``board/``)."""
+    from muongen.compare import BOARD_JSON, MEMBERS_FILE, read_members
+
+    if path.is_dir():  # a sweep's workdir (muongen/sweep.py) keeps its board in board/
+        candidates = [path / BOARD_JSON, path / "board" / BOARD_JSON]
+        candidates.append(path / MEMBERS_FILE)
+        found = next((c for c in candidates if c.is_file()), None)
+        if found is None:
+            raise InputFileError(
+                f"tb-merge --members {path}: no {BOARD_JSON} or {MEMBERS_FILE} there; give the "
+                "sweep's workdir, its board folder or one of those files"
+            )
+        path = found
+    if not path.is_file():
+        raise InputFileError(f"tb-merge --members {path}: no such file")
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InputFileError(f"tb-merge --members {path}: not readable JSON ({exc})") from None
+    if isinstance(doc, dict) and isinstance(doc.get("members"), list):  # a leaderboard
+        return {
+            m["name"]: {
+                "settings": m.get("settings") or {},
+                "seed": m.get("seed"),
+                "worst": m.get("worst"),
+                "median": m.get("median"),
+                "status": m.get("status"),
+            }
+            for m in doc["members"]
+            if isinstance(m, dict) and m.get("name")
+        }
+    return {
+        name: {"settings": e["settings"], "seed": e.get("seed")}
+        for name, e in read_members(str(path)).items()
+    }
+
+
+def _hparam(value: object) -> float | str | bool:
+    """A setting as the HParams plugin takes it: numbers as floats, lists etc. as text."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return float(value)
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def write_hparams(out: Path, members: Mapping[str, dict], present: list[str]) -> list[Path]:
+    """The sweep's settings for TensorBoard's HParams tab: in each ``out/<member>/`` of
+    ``present`` the member's session (settings, seed; its scores as the scalars
+    :data:`METRIC_TAGS`), and in ``out`` the experiment (every setting's values, the
+    metrics). Files written by an earlier merge are replaced. Returns the files written."""
+    from torch.utils.tensorboard.summary import hparams, scalar
+    from torch.utils.tensorboard.writer import FileWriter
+
+    for old in [*out.glob(f"*{HPARAMS_SUFFIX}"), *out.glob(f"*/*{HPARAMS_SUFFIX}")]:
+        if old.is_file() and not old.is_symlink():
+            old.unlink()
+    values = {
+        name: {
+            **{k: _hparam(v) for k, v in members[name]["settings"].items()},
+            **(
+                {"seed": _hparam(members[name]["seed"])}
+                if members[name].get("seed") is not None
+                else {}
+            ),
+        }
+        for name in present
+    }
+    keys = sorted({k for v in values.values() for k in v})
+    domains: dict[str, list] = {}
+    for k in keys:
+        seen = [v[k] for v in values.values() if k in v]
+        if all(type(x) is type(seen[0]) for x in seen):
+            domains[k] = sorted(set(seen), key=str)
+    metrics = {tag: 0.0 for tag in METRIC_TAGS.values()}
+    written = []
+
+    def write(folder: Path, summaries) -> None:
+        writer = FileWriter(str(folder), filename_suffix=HPARAMS_SUFFIX)
+        for summary in summaries:
+            writer.add_summary(summary, 0)
+        writer.close()
+        written.extend(folder.glob(f"*{HPARAMS_SUFFIX}"))
+
+    union = {k: next(v[k] for v in values.values() if k in v) for k in keys}
+    experiment, _, _ = hparams(union, metrics, {k: d for k, d in domains.items() if k in union})
+    write(out, [experiment])
+    for name in present:
+        mine = {k: d for k, d in domains.items() if k in values[name]}
+        _, start, end = hparams(values[name], metrics, mine)
+        scores = [
+            scalar(tag, members[name][key])
+            for key, tag in METRIC_TAGS.items()
+            if isinstance(members[name].get(key), (int, float))
+        ]
+        write(out / name, [start, end, *scores])
+    return written
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -276,6 +407,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     how.add_argument("--copy", dest="copy", action="store_true", help="copy the event files")
     parser.set_defaults(copy=False)
     parser.add_argument("--dry-run", action="store_true", help="print what would be done")
+    parser.add_argument(
+        "--members",
+        type=Path,
+        metavar="SWEEP",
+        help="a sweep's leaderboard.json or members.json (or its workdir): one run per member "
+        "(its ranges' events together) and its settings and scores in the HParams tab",
+    )
 
 
 def _regex(text: str) -> re.Pattern[str]:
@@ -291,7 +429,12 @@ def run(args: argparse.Namespace) -> int:
     if not runs:
         print(f"tb-merge: no runs to merge ({len(found)} found, none passed the filters)")
         return 0
-    stats = merge(runs, args.out, copy=args.copy, dry_run=args.dry_run)
+    members = read_sweep(args.members) if args.members else {}
+    stats = merge(runs, args.out, copy=args.copy, dry_run=args.dry_run, members=members)
+    present = sorted({m for m in (member_of(r, members) for r in runs) if m})
+    if present and not args.dry_run:
+        write_hparams(args.out, members, present)
+        print(f"tb-merge: {len(present)} sweep members, their settings in the HParams tab")
     what = "would place" if args.dry_run else ("copied" if args.copy else "linked")
     print(
         f"tb-merge: {stats.runs} runs ({len(found) - len(runs)} filtered out), "

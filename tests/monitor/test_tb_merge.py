@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import time
 from pathlib import Path
@@ -145,3 +146,96 @@ def test_parse_since():
     assert parse_since("90s", now) == now - dt.timedelta(seconds=90)
     assert parse_since("2024-05-01T00:00+00:00") == dt.datetime(2024, 5, 1, tzinfo=dt.timezone.utc)
     assert parse_since("2024-05-01").tzinfo is not None
+
+
+def _hparams_content(run_dir: Path):
+    """{tag: HParamsPluginData} of the hparams plugin's summaries in one run folder."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    out = {}
+    try:
+        content = acc.PluginTagToContent("hparams")
+    except KeyError:  # no hparams summaries in this run
+        return out
+    for tag, raw in content.items():
+        data = HParamsPluginData()
+        data.ParseFromString(raw)
+        out[tag] = data
+    return out
+
+
+@pytest.fixture
+def sweep_tb(tmp_path, tb_run):
+    # A sweep's synced TensorBoard folders, tb/<campaign>/<member>/<range>/, each range
+    # continuing the step count of the one before; and its leaderboard (scores, settings).
+    members = {
+        "lr_critic_1e-4+seed_0": ({"optim.lr_critic": 1e-4, "model.critic": "epic"}, 0, 2.5),
+        "lr_critic_1e-3+seed_0": ({"optim.lr_critic": 1e-3, "model.critic": "pointnet"}, 0, 4.0),
+    }
+    from muongen.monitor.tensorboard import TensorBoardLogger
+
+    for name in members:
+        for i, rng in enumerate(["0000000-0000999", "0001000-0001999"]):
+            with TensorBoardLogger(tmp_path / "tb" / "sw" / name / rng) as tb:
+                for step in range(3 * i, 3 * i + 3):
+                    tb.scalars(step, {"loss/c_loss": step * 0.5})
+    tb_run(tmp_path / "tb" / "other" / "r000", steps=2)  # not a member: a run of its own
+    board = {
+        "format": "muongen-leaderboard",
+        "members": [
+            {"name": n, "settings": s, "seed": seed, "worst": w, "median": 1.1, "status": "ok"}
+            for n, (s, seed, w) in members.items()
+        ]
+        + [{"name": "failed-one", "settings": {}, "seed": 1, "worst": None, "status": "failed"}],
+    }
+    (tmp_path / "board").mkdir()
+    (tmp_path / "board" / "leaderboard.json").write_text(json.dumps(board))
+    return tmp_path, members
+
+
+def test_sweep_members_side_by_side_with_hparams(sweep_tb, capsys):
+    from tensorboard.plugins.hparams import metadata
+
+    root, _ = sweep_tb
+    out = root / "merged"
+    args = ["tb-merge", str(root / "tb"), "--out", str(out), "--members", str(root / "board")]
+    assert main(args) == 0
+    assert "2 sweep members" in capsys.readouterr().out
+    # one run per member, its two ranges' events together; the other run stays apart
+    runs = sorted(p.name for p in out.iterdir() if p.is_dir())
+    assert runs == ["lr_critic_1e-3+seed_0", "lr_critic_1e-4+seed_0", "other"]
+    member = out / "lr_critic_1e-4+seed_0"
+    assert len([p for p in _events(member) if p.is_symlink()]) == 2
+    assert [s for s, _ in read_scalars(member)["loss/c_loss"]] == [0, 1, 2, 3, 4, 5]
+    # the member's session: its settings and seed, and its score as a scalar
+    session = _hparams_content(member)[metadata.SESSION_START_INFO_TAG].session_start_info
+    assert session.hparams["optim.lr_critic"].number_value == pytest.approx(1e-4)
+    assert session.hparams["model.critic"].string_value == "epic"
+    assert session.hparams["seed"].number_value == 0
+    assert read_scalars(member)["sweep/worst_ratio"] == [(0, 2.5)]
+    # the experiment: every setting with its values, and the metrics
+    experiment = _hparams_content(out)[metadata.EXPERIMENT_TAG].experiment
+    infos = {h.name: h for h in experiment.hparam_infos}
+    assert set(infos) == {"optim.lr_critic", "model.critic", "seed"}
+    critic = [v.string_value for v in infos["model.critic"].domain_discrete.values]
+    assert critic == ["epic", "pointnet"]
+    assert {m.name.tag for m in experiment.metric_infos} == {
+        "sweep/worst_ratio",
+        "sweep/median_ratio",
+    }
+    assert not _hparams_content(out / "other")  # not a member: no session
+    # a second merge replaces its own hparams files and links nothing new
+    assert main(args) == 0
+    assert "0 event files linked, 5 unchanged" in capsys.readouterr().out
+    assert len(list(member.glob("*.muongen-hparams"))) == 1
+    assert len(list(out.glob("*.muongen-hparams"))) == 1
+
+
+def test_members_file_that_is_missing_is_one_line(tmp_path, tb_run, capsys):
+    tb_run(tmp_path / "tb" / "r0")
+    args = ["tb-merge", str(tmp_path / "tb"), "--out", str(tmp_path / "o"), "--members"]
+    assert main([*args, str(tmp_path)]) == 2
+    assert "no leaderboard.json or members.json there" in capsys.readouterr().err
