@@ -242,29 +242,41 @@ def _number(v: Any) -> float | None:
 
 
 def tail_rows(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The evaluation's tail rows ({label: {"median", "worst", "where"}}), {} without any.
+    """The evaluation's tail rows, {name: {"median", "worst", "where", "range", "n_events",
+    "n_metrics", "no_output"}}; {} without any.
 
-    ``summary["tail"]`` is a {label: row} object or a list of rows with a label; a row
-    gives ``median_ratio`` / ``worst_ratio`` (or ``median`` / ``worst``)."""
+    ``summary["tail"]`` (muongen evaluate's, floors.py) is {name: row}, a row giving
+    ``median_ratio``, ``worst_ratio``, ``worst`` (where), ``range`` (the subset in words),
+    ``n_events``, ``n_metrics`` and ``worst_no_output``."""
     tail = summary.get("tail")
-    if isinstance(tail, list):
-        tail = {
-            str(r.get("label") or r.get("name") or r.get("where") or i): r
-            for i, r in enumerate(tail)
-            if isinstance(r, dict)
-        }
     if not isinstance(tail, dict):
         return {}
     out = {}
-    for label, row in tail.items():
+    for name, row in tail.items():
         if not isinstance(row, dict):
             continue
-        out[str(label)] = {
-            "median": _number(row.get("median_ratio", row.get("median"))),
-            "worst": _number(row.get("worst_ratio", row.get("worst"))),
-            "where": row.get("worst", row.get("where")) if "worst_ratio" in row else None,
+        out[str(name)] = {
+            "median": _number(row.get("median_ratio")),
+            "worst": _number(row.get("worst_ratio")),
+            "where": row.get("worst"),
+            "range": row.get("range"),
+            "n_events": row.get("n_events"),
+            "n_metrics": row.get("n_metrics"),
+            "no_output": bool(row.get("worst_no_output")),
         }
     return out
+
+
+def _tail_cell(row: dict[str, Any] | None) -> str:
+    """A tail row on the board: "worst (median)"; why there is no ratio; '-': no row."""
+    if row is None:
+        return "-"
+    if row["worst"] is None:
+        if row["no_output"]:
+            return "no output"
+        n = row.get("n_events")
+        return "too few events" + (f" ({n})" if n is not None else "")
+    return f"{_ratio(row['worst'])} ({_ratio(row['median'])})"
 
 
 def training_figures(checkpoint: str | None) -> tuple[float | None, int | None]:
@@ -485,6 +497,8 @@ def _ratio(v: float | None, no_output: bool = False) -> str:
 def _duration(s: float | None) -> str:
     if s is None:
         return "-"
+    if s < 10:
+        return f"{s:.1f} s"
     return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
 
 
@@ -499,7 +513,8 @@ def _range(stat: dict[str, Any]) -> str:
 def board_markdown(members: list[Member], rows: list[dict[str, Any]], plots: list[Path]) -> str:
     from muongen.evaluate.report import markdown_table
 
-    tails = sorted({label for m in members for label in m.tail})
+    tails = sorted({name for m in members for name in m.tail})
+    tail_names = {n: r.get("range") or n for m in members for n, r in m.tail.items()}
     params = sorted({k for m in members for k in m.settings if k not in SEED_KEYS})
     header = (
         "rank",
@@ -508,7 +523,7 @@ def board_markdown(members: list[Member], rows: list[dict[str, Any]], plots: lis
         "seed",
         "median",
         "worst (where)",
-        *(f"tail: {t} worst (median)" for t in tails),
+        *(f"tail {tail_names[t]}: worst (median)" for t in tails),
         "wall time",
         "events seen",
         "status",
@@ -518,10 +533,7 @@ def board_markdown(members: list[Member], rows: list[dict[str, Any]], plots: lis
         worst = _ratio(m.worst, m.worst_no_output)
         if m.worst_where and m.status == "ok":
             worst += f" ({m.worst_where})"
-        cells = []
-        for t in tails:
-            r = m.tail.get(t)
-            cells.append("-" if r is None else f"{_ratio(r['worst'])} ({_ratio(r['median'])})")
+        cells = [_tail_cell(m.tail.get(t)) for t in tails]
         table.append(
             (
                 str(m.rank or "-"),
