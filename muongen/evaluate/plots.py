@@ -96,24 +96,34 @@ def tick_text(value: float) -> str:
     return f"$10^{{{exp}}}$" if abs(mant - 1) < 1e-6 else f"${mant:g}\\times10^{{{exp}}}$"
 
 
-def _minor_text(value: float, _pos: Any = None) -> str:
-    """Minor ticks 2, 3 and 5 (x any power of ten) get a label; the others none."""
-    if not (math.isfinite(value) and value > 0):
-        return ""
-    mant = value / 10.0 ** math.floor(math.log10(value) + 1e-9)
-    return tick_text(value) if any(abs(mant - m) < 1e-6 for m in (2, 3, 5)) else ""
+def _minor_labeller(mantissas: tuple[int, ...]) -> FuncFormatter:
+    """Labels for the minor ticks whose mantissa is in ``mantissas`` (2 -> 0.2, 2, 20 ...)."""
+
+    def text(value: float, _pos: Any = None) -> str:
+        if not (math.isfinite(value) and value > 0):
+            return ""
+        mant = value / 10.0 ** math.floor(math.log10(value) + 1e-9)
+        return tick_text(value) if any(abs(mant - m) < 1e-6 for m in mantissas) else ""
+
+    return FuncFormatter(text)
 
 
 def readable_log_ticks(ax) -> None:
-    """Plain-number labels on ``ax``'s log axes; minor ticks 2, 3, 5 labelled only on an
-    axis spanning at most 1.5 decades (where majors alone would leave one or two labels)."""
+    """Plain-number labels on ``ax``'s log axes, and on the minor ticks where the majors
+    alone would leave few labels: 2, 3, 5 on an axis of at most 1.5 decades, 2 and 5 up to
+    2.5 decades, none on longer axes."""
     for axis in (ax.xaxis, ax.yaxis):
         if axis.get_scale() != "log":
             continue
         lo, hi = sorted(axis.get_view_interval())
-        short = lo > 0 and math.isfinite(hi / lo) and math.log10(hi / lo) <= 1.5
+        decades = math.log10(hi / lo) if lo > 0 and math.isfinite(hi / lo) else math.inf
         axis.set_major_formatter(FuncFormatter(lambda v, _pos: tick_text(v)))
-        axis.set_minor_formatter(FuncFormatter(_minor_text) if short else NullFormatter())
+        if decades <= 1.5:
+            axis.set_minor_formatter(_minor_labeller((2, 3, 5)))
+        elif decades <= 2.5:
+            axis.set_minor_formatter(_minor_labeller((2, 5)))
+        else:
+            axis.set_minor_formatter(NullFormatter())
 
 
 class HepFigure(Figure):

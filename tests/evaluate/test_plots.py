@@ -74,15 +74,23 @@ def test_log_ticks_read_as_plain_numbers():
         "1000",
     ]
     assert plots.tick_text(1e5) == "$10^{5}$" and plots.tick_text(2e-4) == r"$2\times10^{-4}$"
-    fig = plots.new_figure(5, 4)
-    wide, short = fig.subplots(1, 2)
+    fig = plots.new_figure(8, 4)
+    wide, middle, short = fig.subplots(1, 3)
     wide.loglog([0.1, 300], [0.1, 300])
+    middle.semilogx([0.2, 30], [0, 1])  # two decades: 2 and 5 between the powers of ten
+    middle.set_xlim(0.2, 30)
     short.semilogy([0, 1], [0.8, 4.0])  # less than a decade: minor ticks carry the labels
     _render(fig)
-    assert {"0.1", "1", "10", "100"} <= set(_labels(wide.xaxis))
-    minor = [t.get_text() for t in short.yaxis.get_ticklabels(minor=True) if t.get_text()]
-    assert {"2", "3"} <= set(minor) and not any("times" in t for t in minor)
-    assert not [t for t in wide.xaxis.get_ticklabels(minor=True) if t.get_text()]
+
+    def minor(axis):
+        return [t.get_text() for t in axis.get_ticklabels(minor=True) if t.get_text()]
+
+    assert {"0.1", "1", "10", "100"} <= set(_labels(wide.xaxis)) and not minor(wide.xaxis)
+    assert {"0.2", "0.5", "2", "5", "20"} <= set(minor(middle.xaxis))
+    assert not {"0.3", "3", "7"} & set(minor(middle.xaxis))
+    assert {"2", "3"} <= set(minor(short.yaxis)) and not any(
+        "times" in t for t in minor(short.yaxis)
+    )
 
 
 def test_a_generated_curve_that_ends_early_says_so(toy):
