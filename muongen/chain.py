@@ -452,6 +452,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--self-checkpoint-s", type=float, default=0.0, help="exit 85 after N s (0: off)"
     )
     node.add_argument("--scratch", default="", help="scratch dir [$_CONDOR_SCRATCH_DIR or cwd]")
+    sweep = parser.add_argument_group("a campaign with a sweep: block (muongen/sweep.py)")
+    sweep.add_argument("--parallel", type=int, default=1, help="member chains at once [1]")
+    sweep.add_argument("--member", default="", help="run one member's chain in --workdir")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -480,6 +483,11 @@ def run(args: argparse.Namespace) -> int:
             "give a campaign file and --local to run the chain here, or --node to run one node; "
             "to submit to HTCondor use `python -m submit submit CAMPAIGN`"
         )
+    from muongen.sweep import local_sweep
+
+    code = local_sweep(args)  # a sweep's members, chains then evaluations, then the board
+    if code is not None:
+        return code
     command = shlex.split(args.node_command) if args.node_command else None
     return run_local_chain(
         args.campaign_file,
