@@ -80,11 +80,13 @@ def flux_report(
     *,
     domain: dict[str, Any] | None = None,
     extrapolated: dict[str, Any] | None = None,
+    provenance: str = "",
 ) -> dict[str, Any]:
     """Write flux.json and the two figures into ``out_dir``; returns what flux.json holds.
 
     ``domain``: the checkpoint's training domain (None: not recorded); ``extrapolated``:
-    what :func:`muongen.domain.check` found for the sample's rows."""
+    what :func:`muongen.domain.check` found for the sample's rows; ``provenance``: the
+    figures' footer (:func:`muongen.evaluate.plots.provenance`), kept in flux.json too."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = {**primaries.info, "rates": rates(primaries, counts, depths, weighter, gen)}
@@ -104,6 +106,9 @@ def flux_report(
             grid[:, j], primaries.weight, float(depths[j]), weighter.name
         ),
     }
+    if provenance:
+        summary["provenance"] = provenance
+        figures = {name: plots.add_footer(fig, provenance) for name, fig in figures.items()}
     summary["figures"] = [str(p) for p in plots.save_figures(figures, out_dir)]
     write_info(str(out_dir / "flux.json"), summary)
     return summary

@@ -26,10 +26,11 @@ import argparse
 import logging
 import math
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
+from muongen import __version__, outputs
 from muongen import domain as training_domain
-from muongen import outputs
 from muongen.errors import ConfigError
 from muongen.evaluate.flux import AREAS, DEFAULT_MASSES, FLUX_MODELS, parse_range
 from muongen.evaluate.sample import (
@@ -214,6 +215,7 @@ def _warn_capped(generator, batch) -> None:
 
 def run_flux(args: argparse.Namespace, model, device, fmt: str) -> int:
     """--flux: weighted primaries -> bundles at every depth -> file + report."""
+    from muongen.evaluate import plots
     from muongen.evaluate.flux import FluxWeighter, Generation
     from muongen.evaluate.flux_report import flux_report
 
@@ -250,6 +252,15 @@ def run_flux(args: argparse.Namespace, model, device, fmt: str) -> int:
     print(speed.line())
     _warn_capped(generator, batch)
     report_dir = _report_dir(args)
+    footer = plots.provenance(
+        {
+            "checkpoint": model.source,
+            "step": model.meta.get("step"),
+            "data": f"{args.flux} flux, {args.showers:,} showers, seed {args.seed}",
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "muongen_version": __version__,
+        }
+    )
     with outputs.writing(report_dir, "--report"):
         summary = flux_report(
             report_dir,
@@ -260,6 +271,7 @@ def run_flux(args: argparse.Namespace, model, device, fmt: str) -> int:
             gen,
             domain=model.domain,
             extrapolated=extrapolated,
+            provenance=footer,
         )
     r = summary["rates"]
     print(

@@ -12,6 +12,7 @@ from scipy import integrate
 
 from muongen.cli import main
 from muongen.errors import ConfigError
+from muongen.evaluate import plots
 from muongen.evaluate.flux import FluxWeighter, Generation, binned_rate, integral_rate
 from muongen.evaluate.sample import read_weights
 
@@ -123,6 +124,9 @@ def test_sample_flux_cli_writes_weights_and_report(tmp_path, tiny_checkpoint, ca
     assert [d["depth_m"] for d in rates["by_depth"]] == [1500.0, 2500.0]
     for name in ("primary_energy.png", "multiplicity_1500m.png"):
         assert (tmp_path / "flux-report" / name).stat().st_size > 5000
+    # the figures' footer (and flux.json) name the checkpoint, its step and the sample
+    assert info["provenance"].startswith(f"checkpoint {plots._short_path(tiny_checkpoint)}")
+    assert " · step 7 · data H3a flux, 400 showers, seed 0 · " in info["provenance"]
     # the file still reads as production events, weights and all
     from muongen.evaluate.sample import read_inputs
 
