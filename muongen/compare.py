@@ -291,6 +291,8 @@ def training_figures(checkpoint: str | None) -> tuple[float | None, int | None]:
     if not checkpoint or storage.is_remote(checkpoint):
         return None, None
     here = Path(storage.files.local_path(checkpoint)).parent
+    if not here.is_absolute():  # a grid node's scratch dir, not a folder of this machine
+        return None, None
     found = sorted(here.glob("run-*/summary.json")) or []
     found += sorted(p for p in here.parent.glob("*/run-*/summary.json") if p.parent.parent != here)
     wall, events = 0.0, None

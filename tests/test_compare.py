@@ -241,3 +241,15 @@ def test_members_read_over_pelican(tmp_path, results, monkeypatch):
     by = {m["name"]: m for m in doc["members"]}
     assert doc["best"] == "x-s0" and by["x-s0"]["settings"] == {"k": 1}
     assert by["x-s1"]["status"] == "ok" and by["x-s1"]["source"].startswith("pelican://")
+
+
+def test_a_grid_scratch_checkpoint_reads_nothing_here(tmp_path, results, monkeypatch):
+    # On the grid, evaluate records the checkpoint as its scratch dir named it (relative);
+    # the compare node must not take summaries of whatever folder it runs in for it.
+    run = tmp_path / "0000000-0000999" / "run-0000000-0000999"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({"wall_s": 5.0, "events_seen": 99}))
+    metrics = write_member(tmp_path / "m" / "eval", results[0.0], checkpoint="0001000-0001999.json")
+    monkeypatch.chdir(tmp_path)
+    [m] = gather([str(metrics)])
+    assert m.status == "ok" and m.wall_s is None and m.events_seen is None
