@@ -101,7 +101,12 @@ class TrainingMonitor:
 
             self.validator = Validator(cfg.data.val_paths, cfg, self.device)
         if main:
-            self.progress = Progress(cfg.train.max_steps or None, mode=cfg.logging.progress)
+            self.progress = Progress(
+                cfg.train.max_steps or None,
+                mode=cfg.logging.progress,
+                initial=step,  # a resumed run's pace counts from where it resumed
+                clock=self.clock,
+            )
         self._window["t"] = self.clock()
 
     def close(self) -> None:
