@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 
 from muongen.cli import main
-from muongen.compare import gather, log_spaced, settings_from_name
+from muongen.compare import gather, settings_from_name
 from muongen.evaluate.features import EventSample
 from muongen.evaluate.floors import compare as score
 from muongen.evaluate.report import write_metrics_json
+from muongen.leaderboard import log_spaced
 
 SETTINGS = {"a": {"optim.lr_critic": 1e-4}, "b": {"optim.lr_critic": 1e-3}}
 
