@@ -222,7 +222,8 @@ def run_local_chain(
     node at once, 2 (a user error) stops the chain with the node's message, anything else is
     retried ``retries`` times (per invocation) with exponential back-off and jitter.
     SIGTERM, SIGINT or SIGHUP is passed on to the running node as SIGTERM (it checkpoints
-    and exits 85); the chain then stops with 128 + the signal's number.
+    and exits 85); the chain then stops with 128 + the signal's number. One local chain at
+    a time works in a workdir (a second one is refused, naming the first's host and pid).
     """
     from submit.campaign import load_campaign
     from submit.errors import SubmitError

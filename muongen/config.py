@@ -326,7 +326,7 @@ class TrainConfig:
     budget_exit_code: int = EXIT_SELF_CHECKPOINT
     """Exit code after the time budget (85: HTCondor's 'checkpointed, restart me')."""
     signal_exit_code: int = 0
-    """Exit code after a SIGTERM/SIGINT checkpoint."""
+    """Exit code after a SIGTERM checkpoint (after a Ctrl-C/SIGINT checkpoint: 130)."""
 
 
 @dataclass
