@@ -122,3 +122,14 @@ def test_the_readme_stays_a_front_door():
     assert "../" not in readme  # no path outside the repository
     figure = re.search(r"\]\((docs/images/[^)]+\.png)\)", readme)
     assert figure and (ROOT / figure.group(1)).stat().st_size < 300_000
+
+
+def test_ci_runs_the_readmes_test_command_as_written():
+    # .ci/run exists to run the README's command 2 on a clean clone: the two must not drift.
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"```bash\n# 1\. .*?```", readme, flags=re.S).group(0)
+    one, two = (line for line in block.splitlines() if line.startswith("python3 -m venv"))
+    assert one.endswith("muongen train --config demo --out runs/demo")
+    assert two.endswith(".venv/bin/python -m pytest -q")
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert two in ci, ".ci/run no longer runs the README's command 2 as written"
