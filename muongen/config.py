@@ -323,6 +323,11 @@ class TrainConfig:
     """Stop the run after this many rollbacks."""
     time_budget_s: float = 0.0
     """Checkpoint and exit with budget_exit_code after this many seconds (0: off)."""
+    budget_minutes: float = 0.0
+    """Wall-clock minutes one run should take, whatever the muons per row (0: off). Early in
+    the run the seconds a step takes are measured, and max_steps (never above its value)
+    and the cosine schedule's horizon (with optim.decay_steps 0) are set to what fits; the
+    run then ends as usual. The rule and its constants: :mod:`muongen.train.budget`."""
     budget_exit_code: int = EXIT_SELF_CHECKPOINT
     """Exit code after the time budget (85: HTCondor's 'checkpointed, restart me')."""
     signal_exit_code: int = 0
@@ -432,6 +437,7 @@ def validate(cfg: Config) -> None:
         ("optim.lr_generator", cfg.optim.lr_generator > 0, "must be > 0"),
         ("optim.lr_critic", cfg.optim.lr_critic > 0, "must be > 0"),
         ("train.max_steps", cfg.train.max_steps >= 0, "must be >= 0"),
+        ("train.budget_minutes", cfg.train.budget_minutes >= 0, "must be >= 0 (0: off)"),
         ("train.log_every", cfg.train.log_every >= 1, "must be >= 1"),
         ("train.cpu_threads", cfg.train.cpu_threads >= 0, "must be >= 0 (0: torch's default)"),
         ("train.step_shards", cfg.train.step_shards >= 0, "must be >= 0 (0: auto)"),

@@ -749,6 +749,29 @@ class GanStep:
         self.critic_step_count = int(sd["critic_step_count"])
         self.skipped_critic.fill_(int(sd["skipped"]["critic"]))
         self.skipped_generator.fill_(int(sd["skipped"]["generator"]))
+        self._set_rates()
+
+    def set_horizon(self, steps: int) -> None:
+        """Set the cosine schedule's horizon to ``steps`` generator steps and the current
+        learning rates from it (``train.budget_minutes`` decides the run's length early in
+        the run: :mod:`muongen.train.budget`). Within the warm-up the rates do not depend
+        on the horizon, so a horizon set then leaves the rates a pure function of the step."""
+        o = self.optim_cfg
+        if o.schedule == "cosine" and steps <= o.warmup_steps:
+            raise ValueError(f"a cosine horizon of {steps} steps is within the warm-up")
+        factor = functools.partial(
+            lr_factor,
+            schedule=o.schedule,
+            warmup_steps=o.warmup_steps,
+            decay_steps=steps,
+            min_lr_ratio=o.min_lr_ratio,
+        )
+        for sched in (self.sched_g, self.sched_c):
+            sched.lr_lambdas = [factor]
+        self._set_rates()
+
+    def _set_rates(self) -> None:
+        """The learning rates of the current generator step, from the schedule."""
         for sched in (self.sched_g, self.sched_c):
             sched.last_epoch = self.generator_step_count
             lrs = [base * sched.lr_lambdas[0](sched.last_epoch) for base in sched.base_lrs]

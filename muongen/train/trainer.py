@@ -32,6 +32,7 @@ from muongen.domain import DomainTracker
 from muongen.errors import CheckpointError, InputFileError, TrainingError
 from muongen.monitor.tensorboard import run_log_dir
 from muongen.train import distributed as ddp
+from muongen.train.budget import StepBudget, fewest_over_ranks
 from muongen.train.checkpoint import UNWRITABLE, Checkpointer, unwritable
 from muongen.train.monitor import TrainingMonitor
 from muongen.train.parts import (
@@ -175,6 +176,13 @@ class Trainer:
         self.add_part("domain", self.domain)
         self.lineage = fmt.Lineage()  # the previous range's checkpoint, for `muongen inspect`
         self.add_part("lineage", self.lineage)
+        # train.budget_minutes: the run's length from its measured step time (after "optim":
+        # restoring it sets the schedule's horizon from the restored step)
+        agree = functools.partial(ddp.agree, info=dist, device=self.device)
+        self.budget = StepBudget(
+            cfg.train, cfg.optim, self.step_fn, clock, fewest_over_ranks(agree)
+        )
+        self.add_part("budget", self.budget)
         self.best = None  # the best validation's checkpoint, kept when validation runs
         if cfg.data.val_paths and cfg.logging.val_every:
             from muongen.evaluate.validation import BestCheckpoint
@@ -514,6 +522,7 @@ class Trainer:
     def _after_step(self, out, batch: RaggedBatch, it):
         """Health check, logging, histograms, validation and checkpoint after a step."""
         cfg, step = self.cfg, self.step
+        self.budget.after_step(step)  # may set train.max_steps (train.budget_minutes)
         if step % min(cfg.train.log_every, 10) == 0 or self.device.type == "cpu":
             it = self._check_nonfinite(it)
         if step % cfg.train.log_every == 0:

@@ -1,0 +1,138 @@
+"""train.budget_minutes: the run's length (and the cosine horizon) from its measured step
+time, kept across a resume."""
+
+from __future__ import annotations
+
+import pytest
+
+from muongen.config import OptimConfig, TrainConfig
+from muongen.train import budget
+from muongen.train.budget import StepBudget, steps_that_fit
+from muongen.train.trainer import Trainer
+
+
+def test_steps_that_fit_known_answers():
+    # 0.9 x 600 s - 60 s elapsed = 480 s left at 0.5 s a step: 960 more, 1070 -> 1000
+    assert steps_that_fit(budget_s=600, elapsed_s=60, seconds_per_step=0.5, steps_done=110) == 1000
+    # a budget already spent: the steps done, no fewer
+    assert steps_that_fit(budget_s=60, elapsed_s=100, seconds_per_step=0.5, steps_done=110) == 110
+    assert steps_that_fit(budget_s=6000, elapsed_s=0, seconds_per_step=0.001, steps_done=0) == (
+        5_400_000
+    )
+
+
+class _Step:
+    """Records the horizons the budget sets (a GanStep's set_horizon)."""
+
+    def __init__(self) -> None:
+        self.horizons: list[int] = []
+
+    def set_horizon(self, steps: int) -> None:
+        self.horizons.append(steps)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _run_probe(part: StepBudget, clock: _Clock, seconds_per_step: float, first: int = 1) -> None:
+    for step in range(first, first + budget.PROBE_FROM + budget.PROBE_STEPS):
+        clock.t += seconds_per_step
+        part.after_step(step)
+
+
+def test_the_budget_shortens_a_run_that_does_not_fit_and_sets_the_horizon():
+    """0.5 s a step against 10 minutes: at step 110 (55 s spent) 0.9 x 600 - 55 = 485 s are
+    left, 970 steps: the run ends at 1000 (a multiple of 250), the cosine horizon with it."""
+    clock, step = _Clock(), _Step()
+    train = TrainConfig(max_steps=14000, budget_minutes=10)
+    optim = OptimConfig(schedule="cosine", warmup_steps=200)
+    part = StepBudget(train, optim, step, clock)
+    _run_probe(part, clock, 0.5)
+    assert part.seconds_per_step == pytest.approx(0.5)
+    assert part.decided == 1000 and train.max_steps == 1000 and step.horizons == [1000]
+    # fast steps: the requested 14000 fit and stay (the horizon too)
+    clock, step = _Clock(), _Step()
+    train = TrainConfig(max_steps=14000, budget_minutes=30)
+    part = StepBudget(train, optim, step, clock)
+    _run_probe(part, clock, 0.05)
+    assert part.decided == 14000 and train.max_steps == 14000 and step.horizons == [14000]
+
+
+def test_the_budget_leaves_a_run_alone_when_off_or_given_decay_steps():
+    clock, step = _Clock(), _Step()
+    train = TrainConfig(max_steps=14000)  # budget_minutes 0: off
+    part = StepBudget(train, OptimConfig(schedule="cosine"), step, clock)
+    _run_probe(part, clock, 0.5)
+    assert part.decided is None and train.max_steps == 14000 and not step.horizons
+    # an explicit optim.decay_steps is the user's horizon: only the length changes
+    train = TrainConfig(max_steps=14000, budget_minutes=10)
+    part = StepBudget(train, OptimConfig(schedule="cosine", decay_steps=9000), step, clock)
+    _run_probe(part, clock, 0.5)
+    assert train.max_steps < 14000 and not step.horizons
+
+
+def test_a_resume_keeps_the_decision_and_does_not_measure_again():
+    clock, step = _Clock(), _Step()
+    optim = OptimConfig(schedule="cosine", warmup_steps=200)
+    part = StepBudget(TrainConfig(max_steps=14000, budget_minutes=10), optim, step, clock)
+    _run_probe(part, clock, 0.5)
+    state = part.state_dict()
+    train = TrainConfig(max_steps=14000, budget_minutes=10)
+    resumed = StepBudget(train, optim, step, clock)
+    resumed.load_state_dict(state)
+    assert train.max_steps == 1000 and step.horizons[-1] == 1000
+    _run_probe(resumed, clock, 5.0, first=500)  # much slower now: no second decision
+    assert train.max_steps == 1000 and resumed.decided == 1000
+    # a fresh start forgets it
+    resumed.reset()
+    assert resumed.decided is None and train.max_steps == 14000
+
+
+def test_a_trainer_with_a_budget_ends_where_it_decided_with_the_rate_decayed(
+    tiny_config, tmp_path, monkeypatch
+):
+    """A real run on a clock that counts its readings: the run ends at the step the budget
+    decided (below train.max_steps), and the cosine reached its floor there; a resume from
+    its checkpoint keeps that end."""
+    monkeypatch.setattr(budget, "PROBE_FROM", 2)
+    monkeypatch.setattr(budget, "PROBE_STEPS", 4)
+    monkeypatch.setattr(budget, "ROUND_STEPS", 1)
+    readings = [0]
+
+    def clock() -> float:  # every reading is 1 s later: a slow machine, deterministically
+        readings[0] += 1
+        return float(readings[0])
+
+    cfg = tiny_config(
+        train__max_steps=100000,
+        train__budget_minutes=0.6,  # 32.4 s of steps at several readings a step
+        optim__schedule="cosine",
+        optim__warmup_steps=2,
+        optim__min_lr_ratio=0.1,
+        optim__ema_decay=0,
+    )
+    t = Trainer(cfg, tmp_path / "r", clock=clock)
+    assert t.train() == 0
+    decided = t.budget.decided
+    assert decided is not None and 6 <= decided < 100000
+    assert t.step == decided and cfg.train.max_steps == decided
+    peak = cfg.optim.lr_generator
+    assert t.step_fn.learning_rates()["generator"] == pytest.approx(0.1 * peak)
+    # resumed with the config as the command gives it: the decided end is kept
+    cfg2 = tiny_config(
+        train__max_steps=100000,
+        train__budget_minutes=0.6,
+        optim__schedule="cosine",
+        optim__warmup_steps=2,
+        optim__min_lr_ratio=0.1,
+        optim__ema_decay=0,
+    )
+    again = Trainer(cfg2, tmp_path / "r", clock=clock)
+    again.resume("auto")
+    assert cfg2.train.max_steps == decided and again.step == decided
+    assert again.step_fn.learning_rates()["generator"] == pytest.approx(0.1 * peak)
