@@ -33,7 +33,7 @@ def spread(members: list[Member]) -> list[dict[str, Any]]:
         row: dict[str, Any] = {
             "setting": key,
             "members": [m.name for m in group],
-            "seeds": [m.seed for m in ok],
+            "seeds": sorted((m.seed for m in ok), key=str),
             "failed": len(group) - len(ok),
         }
         for what in ("worst", "median"):
@@ -95,11 +95,15 @@ def plot_parameters(members: list[Member], out: Path) -> list[Path]:
             labels = sorted({value_text(x) for x in xs_raw})
             xs = [labels.index(value_text(x)) for x in xs_raw]
             ax.set_xticks(range(len(labels)), labels)
+        shown = []
         for what, marker in (("worst", "o"), ("median", "s")):
             ys = [getattr(m, what) for _, m in pts]
             keep = [(x, y) for x, y in zip(xs, ys) if y is not None]
             if keep:
                 ax.scatter(*zip(*keep), marker=marker, label=f"{what} ratio", alpha=0.8)
+                shown += [y for _, y in keep]
+        if shown and log_spaced(shown):
+            ax.set_yscale("log")  # ratios that span orders of magnitude (early training)
         ax.axhline(1.0, color="grey", lw=0.8, ls=":")
         ax.set_xlabel(param)
         ax.set_ylabel("ratio to floor")
@@ -232,14 +236,15 @@ def board_markdown(members: list[Member], rows: list[dict[str, Any]], plots: lis
 
 
 def _tail_cell(row: dict[str, Any] | None) -> str:
-    """A tail row on the board: "worst (median)"; why there is no ratio; '-': no row."""
+    """A tail row on the board: "worst (median)"; "n/a (N events)" where the subset has no
+    ratio (too few held-out events in it, or no floor known there); '-': no row."""
     if row is None:
         return "-"
     if row["worst"] is None:
         if row["no_output"]:
             return "no output"
-        n = row.get("n_events")
-        return "too few events" + (f" ({n})" if n is not None else "")
+        n = row.get("n_events")  # too few events, or no floor known there
+        return "n/a" + (f" ({n} events)" if n is not None else "")
     return f"{_ratio(row['worst'])} ({_ratio(row['median'])})"
 
 

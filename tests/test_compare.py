@@ -155,7 +155,7 @@ def test_tail_rows_shown_where_present_and_dash_elsewhere(tmp_path, results):
     first, second = cells
     assert first["member"] == "lr=1e-4,seed=0"
     assert first["tail 1e7-1e8 GeV: worst (median)"] == "2.5 (1.3)"
-    assert first["tail 100+ muons: worst (median)"] == "too few events (14)"
+    assert first["tail 100+ muons: worst (median)"] == "n/a (14 events)"
     assert second["tail 1e7-1e8 GeV: worst (median)"] == "-"  # no tail rows: '-'
     assert second["tail 100+ muons: worst (median)"] == "-"
     doc = json.loads((board / "leaderboard.json").read_text())
