@@ -114,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         # down; one that came since the verb last looked is not dropped either.
         stop.finished_code = code
         code = stop.late(code)
+        # and no interpreter shutdown: it resets the handlers to the default, where a
+        # SIGTERM kills the process by signal 15 (or, past the last bytecode, is dropped)
+        _exit_now(code)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         _exit_now(code)
     return code
@@ -156,7 +159,8 @@ def _main(argv: list[str], verbs: dict[str, str], first: str | None, stop) -> in
 
 
 def _exit_now(code: int) -> None:
-    """Leave a torchrun worker without interpreter finalisation.
+    """Leave a torchrun worker (or a train/chain process, see :func:`main`) without
+    interpreter finalisation.
 
     With pyarrow loaded, a gloo worker aborted at exit in about one run in ten ("terminate
     called without an active exception", in C++ static destructors after all Python code

@@ -78,6 +78,12 @@ class StopRequest:
         return self.signum is not None
 
     @property
+    def name(self) -> str:
+        """The signal received (``SIGTERM``), for messages; ``a signal`` when none was here
+        (another rank's, under torchrun)."""
+        return signal.Signals(self.signum).name if self.signum else "a signal"
+
+    @property
     def interrupted(self) -> bool:
         """The stop was a Ctrl-C (SIGINT)."""
         return self.signum == signal.SIGINT

@@ -466,7 +466,7 @@ class Trainer:
                 code = cfg.train.signal_exit_code if stop else cfg.train.budget_exit_code
                 if stop and self.stop.interrupted:
                     code = EXIT_INTERRUPTED  # Ctrl-C: `muongen train ... && next` stops here
-                why = "signal" if stop else f"time budget of {budget:.0f} s"
+                why = self.stop.name if stop else f"time budget of {budget:.0f} s"
                 log.info("stopping after %s: checkpoint written, exit code %d", why, code)
                 return code
             with self.timer.phase("data_wait"):
