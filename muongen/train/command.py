@@ -103,7 +103,7 @@ def _train(args: argparse.Namespace, stop) -> int:
     dist = ddp.init("cuda" if cfg.train.device in ("cuda", "auto") and _has_cuda() else "cpu")
     try:
         # one process owns a run folder for the life of the run (rank 0 stands for the job)
-        with runlock.hold(run_dir, "run folder") if dist.is_main else contextlib.nullcontext():
+        with runlock.hold(run_dir, "the run folder") if dist.is_main else contextlib.nullcontext():
             stop.check()
             from muongen.train.trainer import Trainer
 
