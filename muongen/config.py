@@ -506,7 +506,10 @@ def load_config(source: str | None = None, overrides: list[str] | None = None) -
 
 def _read_source(source: str) -> dict[str, Any]:
     path = Path(source)
-    if path.suffix in (".yaml", ".yml") or path.exists():
+    # A bare preset name is the preset even where a folder of that name sits in the working
+    # directory (`--out demo` makes one); a path to a YAML file is read as a file.
+    shadowed = path.is_dir() and source in preset_names()
+    if not shadowed and (path.suffix in (".yaml", ".yml") or path.exists()):
         if not path.is_file():
             what = "is a folder, not a file" if path.is_dir() else "does not exist"
             raise ConfigError(f"config file {source} {what}")

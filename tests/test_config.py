@@ -120,3 +120,14 @@ def test_cosine_schedule_needs_a_horizon():
         load_config("demo", ["train.max_steps=0"])
     cfg = load_config("demo", ["train.max_steps=0", "optim.decay_steps=5000"])
     assert cfg.optim.decay_steps == 5000
+
+
+def test_a_preset_name_is_the_preset_beside_a_folder_of_that_name(tmp_path, monkeypatch):
+    # `muongen train --out demo` leaves a folder `demo` in the working directory; the next
+    # `--config demo` must still mean the preset, not "config file demo is a folder".
+    monkeypatch.chdir(tmp_path)
+    preset = load_config("demo")
+    (tmp_path / "demo").mkdir()
+    assert load_config("demo") == preset
+    with pytest.raises(ConfigError, match="is a folder"):
+        load_config("./demo")  # a path is still read as a path
