@@ -108,7 +108,7 @@ class Resources:
     disk: str = "40GB"
     """request_disk: prefetched input files + checkpoints + the image's scratch."""
     gpus_minimum_capability: float | None = None
-    """gpus_minimum_capability: e.g. 8.0 for A100/H100 (bf16); none: any GPU."""
+    """gpus_minimum_capability: e.g. 8.0 for A100/H100 (TF32); none: any GPU."""
 
 
 @dataclass(frozen=True)
