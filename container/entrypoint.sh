@@ -15,7 +15,7 @@
 set -eu
 
 # Verbs of `muongen` (muongen/cli.py VERBS; a test keeps the two in step).
-MUONGEN_VERBS="train chain sample export evaluate synth inspect outliers tb-merge bench doctor config"
+MUONGEN_VERBS="train chain sample export evaluate synth inspect outliers tb-merge compare bench doctor config"
 
 here=$(dirname "$0")
 for env_sh in "$here/env.sh" /opt/muongen/container/env.sh; do
