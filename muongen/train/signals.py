@@ -69,6 +69,7 @@ class StopRequest:
         self.startup_code = startup_code
         self.bare = False  # nothing open yet: the handler may leave at once
         self.finished_code: int | None = None  # the verb's result, once everything is closed
+        self.acted = False  # the training loop stopped on the signal (its code says so)
         self.signal_code = startup_code  # the exit code of a run stopped by SIGTERM
         self._late_said = False
         self._old: dict[int, object] = {}
@@ -139,7 +140,7 @@ class StopRequest:
         one line."""
         if signal_code is not None:
             self.signal_code = signal_code
-        if code != 0 or self.signum is None:
+        if code != 0 or self.signum is None or self.acted:
             return code
         late = EXIT_INTERRUPTED if self.interrupted else self.signal_code
         if not self._late_said:

@@ -462,6 +462,7 @@ class Trainer:
                 [int(self.stop.requested), int(budget_up)], self.dist, self.device
             )
             if stop or budget_up:
+                self.stop.acted = bool(stop)
                 self.save_checkpoint()
                 code = cfg.train.signal_exit_code if stop else cfg.train.budget_exit_code
                 if stop and self.stop.interrupted:

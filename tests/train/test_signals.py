@@ -105,3 +105,30 @@ def test_sigterm_after_the_last_step_is_not_dropped(tiny_data, tmp_path, monkeyp
     assert cli.main(argv) == EXIT_RESTART  # was 0: the eviction silently dropped
     err = capsys.readouterr().err
     assert "received SIGTERM after the last step" in err and "Traceback" not in err
+
+
+def test_sigterm_mid_run_with_the_default_code_is_a_stop_not_a_finished_run(
+    tiny_data, tmp_path, monkeypatch, capsys, caplog
+):
+    # Interactive default (train.signal_exit_code: 0): the run stops at its next step with a
+    # checkpoint; nothing may claim that it ran to the end ("after the last step").
+    from muongen.train.trainer import Trainer
+
+    real_step = Trainer.train_step
+
+    def step_then_sigterm(self, batch):
+        out = real_step(self, batch)
+        if self.step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    monkeypatch.setattr(Trainer, "train_step", step_then_sigterm)
+    argv = ["train", "--config", "demo", "--out", str(tmp_path / "r"), "--max-steps", "50"]
+    sets = [*tiny_overrides(tiny_data), "checkpoint.every_steps=100"]
+    argv += [a for s in sets for a in ("--set", s)]
+    with caplog.at_level("INFO"):
+        assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    assert "after the last step" not in err and "Traceback" not in err
+    assert "stopping after SIGTERM" in caplog.text
+    assert "reached train.max_steps" not in caplog.text
