@@ -104,7 +104,7 @@ def main() -> None:
         print(f"load torchscript (torch.jit.load): {t_ts * 1e3:.1f} ms")
         print(f"load onnx (onnxruntime.InferenceSession): {t_onnx * 1e3:.1f} ms")
 
-        from muongen.checkpoint import load_for_inference
+        from muongen.inference import load_for_inference
 
         t_ck, (generator, _) = best(lambda: load_for_inference(args.checkpoint), args.repeat)
         print(f"load checkpoint (muongen load_for_inference): {t_ck * 1e3:.1f} ms")

@@ -486,7 +486,8 @@ def run(args: argparse.Namespace) -> int:
         )
     from muongen.sweep import local_sweep
 
-    code = local_sweep(args)  # a sweep's members, chains then evaluations, then the board
+    # a sweep: its members (chains, then evaluations), then the board
+    code = local_sweep(args, _run_chain)
     if code is not None:
         return code
     command = shlex.split(args.node_command) if args.node_command else None

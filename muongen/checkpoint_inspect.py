@@ -19,6 +19,7 @@ from typing import Any
 
 from muongen import checkpoint as ckpt
 from muongen import domain as training_domain
+from muongen.inference import is_url, local_copy
 
 #: model settings shown (the sizes); the rest are in the config
 SIZE_KEYS = (
@@ -41,7 +42,7 @@ def is_checkpoint(path: str) -> bool:
     """Whether ``path`` names a checkpoint rather than data (by content, not by name alone):
     a .json that is a manifest, a .pt with a manifest beside it (or torch's zip magic), a
     folder holding step checkpoints or a run's ``checkpoints/``; URLs ending in .json / .pt."""
-    if ckpt.is_url(path):
+    if is_url(path):
         return path.rstrip("/").endswith((".json", ".pt"))
     p = Path(path[len("file://") :] if path.startswith("file://") else path)
     if p.is_dir():
@@ -58,7 +59,7 @@ def is_checkpoint(path: str) -> bool:
 
 
 def _resolve(source: str) -> Path:
-    local = Path(ckpt.local_copy(source))
+    local = Path(local_copy(source))
     if local.is_dir() and not ckpt.list_checkpoints(local):
         local = local / "checkpoints"  # a run folder
     return ckpt.resolve(local)
@@ -110,7 +111,7 @@ def inspect_checkpoint(source: str) -> dict[str, Any]:
     model = config.get("model", {})
     return {
         "checkpoint": source,
-        "manifest": str(manifest) if not ckpt.is_url(source) else source,
+        "manifest": str(manifest) if not is_url(source) else source,
         "step": meta["step"],
         "range": meta.get("range"),
         "events_seen": counters.get("events_seen"),

@@ -12,8 +12,8 @@ member named ``key=value,...,seed=N`` is read from its name. A member that
 Writes ``BOARD/leaderboard.md`` and ``BOARD/leaderboard.json``: one row per member with its
 settings, the median and worst ratio to the floor, the tail rows of the evaluation (when
 it has them), the training's wall time and events seen (when the evaluated checkpoint is a
-local chain's), then the best member by :data:`RULE`, the spread over seeds of each
-setting, and one PNG per swept parameter against the score (written by
+local chain's), then the best member by :data:`muongen.leaderboard.RULE`, the spread over
+seeds of each setting, and one PNG per swept parameter against the score (written by
 :mod:`muongen.leaderboard`; this module finds and reads the members).
 """
 
@@ -24,73 +24,21 @@ import json
 import logging
 import math
 import os
-from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from muongen.errors import InputFileError, MuongenError, StorageError
+from muongen.leaderboard import BOARD_JSON, BOARD_MD, FORMAT, SEED_KEYS, Member, write_board
 
 HELP = "rank evaluations (a sweep's members) into leaderboard.md/.json and plots"
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.json"
 MEMBERS_FILE = "members.json"
-BOARD_MD = "leaderboard.md"
-BOARD_JSON = "leaderboard.json"
-FORMAT = "muongen-leaderboard"
 #: Folder names that hold a member's evaluation rather than name the member.
 EVAL_FOLDERS = ("eval", "evaluate", "evaluation", "metrics")
 #: Levels below a remote folder searched for metrics.json (one listing per folder).
 REMOTE_DEPTH = 4
-#: How the best member is chosen; the board says so.
-RULE = (
-    "lowest worst ratio to the floor (a metric without model output counts as infinite), "
-    "then lowest median ratio, then name"
-)
-#: Keys of a member's settings that name its seed (not a setting of the spread).
-SEED_KEYS = ("seed", "train.seed")
-
-
-@dataclass
-class Member:
-    """One row of the leaderboard."""
-
-    name: str
-    source: str = ""  # the metrics.json read ("" when none was found)
-    status: str = "ok"  # ok, or failed
-    error: str = ""
-    settings: dict[str, Any] = field(default_factory=dict)
-    seed: Any = None
-    median: float | None = None
-    worst: float | None = None  # None with worst_no_output: infinite
-    worst_no_output: bool = False
-    worst_where: str | None = None
-    n_metrics: int = 0
-    n_pass: int | None = None
-    n_fail: int | None = None
-    tail: dict[str, dict[str, Any]] = field(default_factory=dict)
-    step: int | None = None
-    checkpoint: str | None = None
-    wall_s: float | None = None
-    events_seen: int | None = None
-    rank: int | None = None
-
-    def score(self) -> tuple[float, float, str]:
-        """The sort key of :data:`RULE` (failed members last)."""
-        if self.status != "ok":
-            return (math.inf, math.inf, "~" + self.name)
-        worst = math.inf if self.worst is None else self.worst
-        median = math.inf if self.median is None else self.median
-        return (worst, median, self.name)
-
-    def setting_key(self) -> str:
-        """The member's settings without the seed, as one canonical string."""
-        from muongen.leaderboard import value_text
-
-        kept = {k: v for k, v in self.settings.items() if k not in SEED_KEYS}
-        return ",".join(f"{k}={value_text(v)}" for k, v in sorted(kept.items())) or "(defaults)"
-
-
 # --------------------------------------------------------------------------- finding inputs
 
 
@@ -345,7 +293,7 @@ def read_member(name: str, source: str, entry: dict[str, Any] | None) -> Member:
 
 
 def gather(inputs: list[str], skip: Path | None = None) -> list[Member]:
-    """Every member of ``inputs``, ranked by :data:`RULE` (failed rows last)."""
+    """Every member of ``inputs``, ranked by :data:`muongen.leaderboard.RULE` (failed rows last)."""
     members: dict[str, Member] = {}
     for item in inputs:
         metrics, member_files = find_inputs(item, skip)
@@ -397,7 +345,6 @@ def check_out(out: Path, force: bool) -> None:
 
 def compare(inputs: list[str], out: str | Path, *, force: bool = False) -> list[Member]:
     """Read every member of ``inputs`` and write the leaderboard to ``out``."""
-    from muongen.leaderboard import write_board
 
     out = Path(out)
     check_out(out, force)

@@ -254,7 +254,7 @@ def export_onnx(module: PhysicalGenerator, path: str | os.PathLike) -> None:
 
 def export(checkpoint: str, fmt: str, out: str | os.PathLike) -> PhysicalGenerator:
     """Load a checkpoint for inference (EMA weights where present) and write ``out``."""
-    from muongen.checkpoint import open_for_inference
+    from muongen.inference import open_for_inference
 
     if fmt not in FORMATS:
         raise ConfigError(f"unknown export format {fmt!r}; use {' or '.join(FORMATS)}")
@@ -291,11 +291,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from muongen import checkpoint as ckpt
     from muongen import outputs
+    from muongen.inference import is_url, local_copy
 
     t0 = time.perf_counter()
     inputs = []
-    if not ckpt.is_url(args.checkpoint):
-        local = ckpt.local_copy(args.checkpoint)
+    if not is_url(args.checkpoint):
+        local = local_copy(args.checkpoint)
         inputs = [local, ckpt.manifest_for(local).with_suffix(".pt")]
         if Path(local).is_dir():
             inputs += [p for m in ckpt.list_checkpoints(local) for p in (m, m.with_suffix(".pt"))]

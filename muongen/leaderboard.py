@@ -1,8 +1,8 @@
 """The leaderboard of ``muongen compare``: ranked members -> ``leaderboard.md``,
 ``leaderboard.json``, the spread over seeds of each setting and a plot per swept parameter.
 
-:mod:`muongen.compare` reads the members (:class:`~muongen.compare.Member`, ranked by
-:data:`~muongen.compare.RULE`); this module only writes what it found.
+:mod:`muongen.compare` reads the members into this module's :class:`Member` rows, ranked by
+:data:`RULE`; this module holds the board's rows and writes what was found.
 """
 
 from __future__ import annotations
@@ -11,14 +11,62 @@ import json
 import logging
 import math
 import statistics
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from muongen.compare import BOARD_JSON, BOARD_MD, FORMAT, RULE, SEED_KEYS, Member
-
 log = logging.getLogger(__name__)
+
+BOARD_MD = "leaderboard.md"
+BOARD_JSON = "leaderboard.json"
+FORMAT = "muongen-leaderboard"
+
+#: How the best member is chosen; the board says so.
+RULE = (
+    "lowest worst ratio to the floor (a metric without model output counts as infinite), "
+    "then lowest median ratio, then name"
+)
+#: Keys of a member's settings that name its seed (not a setting of the spread).
+SEED_KEYS = ("seed", "train.seed")
+
+
+@dataclass
+class Member:
+    """One row of the leaderboard."""
+
+    name: str
+    source: str = ""  # the metrics.json read ("" when none was found)
+    status: str = "ok"  # ok, or failed
+    error: str = ""
+    settings: dict[str, Any] = field(default_factory=dict)
+    seed: Any = None
+    median: float | None = None
+    worst: float | None = None  # None with worst_no_output: infinite
+    worst_no_output: bool = False
+    worst_where: str | None = None
+    n_metrics: int = 0
+    n_pass: int | None = None
+    n_fail: int | None = None
+    tail: dict[str, dict[str, Any]] = field(default_factory=dict)
+    step: int | None = None
+    checkpoint: str | None = None
+    wall_s: float | None = None
+    events_seen: int | None = None
+    rank: int | None = None
+
+    def score(self) -> tuple[float, float, str]:
+        """The sort key of :data:`RULE` (failed members last)."""
+        if self.status != "ok":
+            return (math.inf, math.inf, "~" + self.name)
+        worst = math.inf if self.worst is None else self.worst
+        median = math.inf if self.median is None else self.median
+        return (worst, median, self.name)
+
+    def setting_key(self) -> str:
+        """The member's settings without the seed, as one canonical string."""
+        kept = {k: v for k, v in self.settings.items() if k not in SEED_KEYS}
+        return ",".join(f"{k}={value_text(v)}" for k, v in sorted(kept.items())) or "(defaults)"
 
 
 def spread(members: list[Member]) -> list[dict[str, Any]]:

@@ -76,11 +76,15 @@ def member_campaign(campaign, member):
     return of_member(campaign, member)
 
 
-def local_sweep(args: argparse.Namespace) -> int | None:
-    """``muongen chain --local`` for a sweep campaign (None: not a sweep, the plain chain)."""
+def local_sweep(args: argparse.Namespace, run_chain) -> int | None:
+    """``muongen chain --local`` for a sweep campaign (None: not a sweep, the plain chain).
+
+    ``run_chain(campaign, workdir, retries, backoff_s, node_command) -> exit code`` runs one
+    member's chain (:mod:`muongen.chain`'s, passed in: that module dispatches here, so this
+    one does not import it back)."""
     campaign, members = load(args.campaign_file)
     if args.member:
-        return run_member(args, campaign, members)
+        return run_member(args, campaign, members, run_chain)
     if not members:
         if args.parallel != 1:
             raise CampaignError(
@@ -93,11 +97,10 @@ def local_sweep(args: argparse.Namespace) -> int | None:
     return Sweep(args, campaign, members).run()
 
 
-def run_member(args: argparse.Namespace, campaign, members) -> int:
+def run_member(args: argparse.Namespace, campaign, members, run_chain) -> int:
     """One member, in this process (what the sweep starts per member): its chain over the
     campaign's ranges in ``--workdir``, then its evaluation into ``--workdir``/eval."""
     from muongen import runlock
-    from muongen.chain import _run_chain
     from muongen.train.signals import active
 
     found = {m.name: m for m in members}
@@ -112,7 +115,7 @@ def run_member(args: argparse.Namespace, campaign, members) -> int:
     # wait=True: a member left running by a sweep that was killed ends first (its parent
     # watch below has just told it to checkpoint and stop)
     with runlock.hold(workdir, "the member's chain workdir", wait=True):
-        code = _run_chain(
+        code = run_chain(
             member_campaign(campaign, found[args.member]),
             workdir,
             args.retries,

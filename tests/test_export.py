@@ -69,7 +69,7 @@ def small_checkpoint(request, tmp_path_factory):
 
 
 def _loaded(checkpoint):
-    from muongen.checkpoint import load_for_inference
+    from muongen.inference import load_for_inference
 
     generator, _ = load_for_inference(checkpoint, "cpu")
     return generator, PhysicalGenerator(generator).eval()

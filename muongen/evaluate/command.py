@@ -277,7 +277,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 def _evaluate(args: argparse.Namespace, device: torch.device) -> int:
     from muongen import domain as training_domain
-    from muongen.checkpoint import open_for_inference
+    from muongen.inference import open_for_inference
 
     model = open_for_inference(args.checkpoint, device)
     generator = model.generator
@@ -317,8 +317,7 @@ def _evaluate(args: argparse.Namespace, device: torch.device) -> int:
         paths, failed = write_outputs(args.out, result, lambda: make_figures(samples, result))
     print(report.console_summary(result))  # the tables are in report.md
     print(
-        f"wrote metrics.json, report.md (the full tables) and {len(paths) - 2} plots "
-        f"in {args.out}"
+        f"wrote metrics.json, report.md (the full tables) and {len(paths) - 2} plots in {args.out}"
     )
     if failed:
         raise MuongenError(

@@ -142,7 +142,8 @@ def _kind(fmt: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from muongen.checkpoint import is_url, local_copy, open_for_inference, resolve
+    from muongen.checkpoint import resolve
+    from muongen.inference import is_url, local_copy, open_for_inference
     from muongen.storage.files import expand_inputs
 
     if args.batch < 1 or args.seed < 0:

@@ -5,7 +5,7 @@ generator's recent weights sits closer to it than any single iterate (Yazici et 
 "The unusual effectiveness of averaging in GAN training", ICLR 2019). The trainer updates
 the average after every generator step and saves it in every checkpoint; sampling,
 evaluation, validation and export use it when a checkpoint has one
-(:func:`muongen.checkpoint.load_for_inference`). Training itself never reads it.
+(:func:`muongen.inference.load_for_inference`). Training itself never reads it.
 
 The decay warms up as min(decay, (1 + t) / (10 + t)) after t updates, so the average is
 not dominated by the untrained initial weights. Buffers (the fitted standardisers) are

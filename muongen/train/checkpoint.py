@@ -30,7 +30,6 @@ from muongen.checkpoint import (  # noqa: F401  (re-exported for code written be
     find_latest,
     list_checkpoints,
     load,
-    load_for_inference,
     load_module,
     manifest_for,
     read_manifest,

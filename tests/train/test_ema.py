@@ -8,6 +8,7 @@ import torch
 from muongen import checkpoint as ckpt
 from muongen.cli import main
 from muongen.data.reader import read_events
+from muongen.inference import load_for_inference
 from muongen.train.trainer import Trainer
 
 #: what ckpt.save adds to the trainer's state
@@ -46,7 +47,7 @@ def test_sample_uses_the_average(tiny_config, tmp_path):
     run = Trainer(tiny_config(train__max_steps=10), tmp_path / "run")
     assert run.train() == 0
     payload = _payload(tmp_path / "run")
-    generator, _ = ckpt.load_for_inference(tmp_path / "run" / "checkpoints")
+    generator, _ = load_for_inference(tmp_path / "run" / "checkpoints")
     for k, v in generator.state_dict().items():
         assert torch.equal(v, payload["generator_ema"]["weights"][k]), k
 
