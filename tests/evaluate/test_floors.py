@@ -486,8 +486,9 @@ def test_the_tail_rows_tell_apart_a_model_that_misses_only_the_richest_bundles()
     """A model exact but for a +0.5 dex muon energy shift in its 100+-muon bundles: the
     overall median stays near the floor (those bundles are ~7 % of the events), the
     rich_bundles row's worst shows the miss in a muon energy metric (not in the radii), and
-    the top decade of primary energy (where those bundles are) shows it too. A perfect model's tail rows sit near
-    the floor. The counts of held-out events and the ranges are the data's own."""
+    the top decade of primary energy (where those bundles are) shows it too. A perfect
+    model's tail rows sit near the floor. The counts of held-out events and the ranges are
+    the data's own."""
     real = _rich_sample(4000, seed=0)
     perfect = _rich_sample(4000, seed=1, conditions=real.conditions)
     shifted = _rich_sample(4000, seed=1, conditions=real.conditions, rich_shift=0.5)

@@ -173,9 +173,7 @@ def test_tensorboard_has_the_scalars(tiny_config, tmp_path):
     t = Trainer(tiny_config(train__max_steps=20, logging__hist_every=10), tmp_path / "r")
     t.train()
     # the run is named after its folder in `tensorboard --logdir r/tb`, not "."
-    assert {p.parent.name for p in (tmp_path / "r" / "tb").rglob("events.out.tfevents.*")} == {
-        "r"
-    }
+    assert {p.parent.name for p in (tmp_path / "r" / "tb").rglob("events.out.tfevents.*")} == {"r"}
     scalars = read_scalars(tmp_path / "r" / "tb")
     for tag in (
         "2_loss/c_loss",
