@@ -53,7 +53,10 @@ NB_SHAPE = 2.0
 
 
 def _power_law(u, index, lo, hi):
+    """Draws on E^-index over [lo, hi] by inverting the CDF (E^-1: log-uniform)."""
     g = 1.0 - index
+    if np.ndim(g) == 0 and abs(g) < 1e-9:  # (muon spectra pass an index per muon, never 1)
+        return lo * (hi / lo) ** u
     return (lo**g + u * (hi**g - lo**g)) ** (1.0 / g)
 
 
@@ -68,10 +71,17 @@ def sample_lateral(r0: np.ndarray, alpha: np.ndarray, rng: np.random.Generator) 
     return r0 * s / (1.0 - s)
 
 
-def generate(n_rows: int, rng: np.random.Generator, major: int = 0, e_min: float = E_MIN):
-    """``n_rows`` rows (physical units) and their (major, minor) shower ids."""
+def generate(
+    n_rows: int,
+    rng: np.random.Generator,
+    major: int = 0,
+    e_min: float = E_MIN,
+    e_index: float = E_INDEX,
+):
+    """``n_rows`` rows (physical units) and their (major, minor) shower ids; primaries on
+    E^-``e_index`` from ``e_min`` to :data:`E_MAX`."""
     n_showers = -(-n_rows // ROWS_PER_SHOWER)
-    e0 = _power_law(rng.random(n_showers), E_INDEX, e_min, E_MAX)
+    e0 = _power_law(rng.random(n_showers), e_index, e_min, E_MAX)
     mass = rng.choice(MASSES, n_showers, p=MASS_WEIGHTS)
     cos_zen = rng.uniform(np.cos(np.radians(ZENITH_MAX_DEG)), 1.0, n_showers)
     shower = np.repeat(np.arange(n_showers), ROWS_PER_SHOWER)[:n_rows]
@@ -119,11 +129,17 @@ def main() -> None:
     ap.add_argument("--events-per-file", type=int, default=20000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--e-min", type=float, default=E_MIN, help=f"least E0, GeV ({E_MIN:g})")
+    ap.add_argument(
+        "--e-index",
+        type=float,
+        default=E_INDEX,
+        help=f"primaries on E^-index up to {E_MAX:g} GeV ({E_INDEX:g}; 1: issue 52's rich set)",
+    )
     a = ap.parse_args()
     n_rows = n_muons = with_muons = 0
     for number in range(a.files):
         batch, ids = generate(
-            a.events_per_file, np.random.default_rng([a.seed, number]), number, a.e_min
+            a.events_per_file, np.random.default_rng([a.seed, number]), number, a.e_min, a.e_index
         )
         path = Path(a.out) / f"{number:07d}.parquet"
         write_events(path, batch, schema.FORMAT_V1, ids=ids)

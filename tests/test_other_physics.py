@@ -55,3 +55,14 @@ def test_written_files_load_in_muongen(other_physics, tmp_path, monkeypatch, cap
     np.testing.assert_allclose(got.conditions.numpy(), expected.conditions.numpy(), rtol=1e-6)
     depth = got.conditions[:, 3].numpy()
     assert depth.min() >= 1000.0 and depth.max() <= 2800.0
+
+
+@pytest.mark.parametrize("index", [1.0, 1.7])
+def test_primary_spectrum_follows_its_index(other_physics, index):
+    """E^-1 is log-uniform (the special case of the inverse CDF); E^-1.7 keeps its median."""
+    u = np.random.default_rng(0).random(200000)
+    e = other_physics._power_law(u, index, 1e4, 1e8)
+    assert np.isfinite(e).all() and e.min() >= 1e4 and e.max() <= 1e8
+    g = 1.0 - index
+    median = 1e4 * 1e4**0.5 if abs(g) < 1e-9 else ((1e4**g + 1e8**g) / 2) ** (1 / g)
+    assert np.median(e) == pytest.approx(median, rel=0.02)
