@@ -660,19 +660,20 @@ def describe() -> str:
     lines = []
     for section in dataclasses.fields(Config):
         cls = typing.get_type_hints(Config)[section.name]
-        docs = _field_docs(cls)
+        docs = field_docs(cls)
         for f in dataclasses.fields(cls):
             default = _get(Config(), f"{section.name}.{f.name}")
             lines.append(f"{section.name}.{f.name} = {default!r}\n    {docs.get(f.name, '')}")
     return "\n".join(lines)
 
 
-def _field_docs(cls: type) -> dict[str, str]:
-    """Attribute docstrings (the string literal under each field) read from the source."""
+def field_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings (the string literal under each field) of dataclass ``cls``, read
+    from its source, each on one line (also docs/gen_reference.py's, for campaign files)."""
     import ast
     import inspect
 
-    tree = ast.parse(inspect.getsource(cls))
+    tree = ast.parse(inspect.cleandoc("\n" + inspect.getsource(cls)))
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs: dict[str, str] = {}
     for prev, node in itertools.pairwise(body):
