@@ -135,6 +135,16 @@ class Progress:
                 smoothing=0.05,
             )
 
+    def set_total(self, total: int | None) -> None:
+        """The run's length changed (``train.budget_minutes`` cut it): the step count and the
+        ETA follow."""
+        if total == self.total:
+            return
+        self.total = total
+        if self._bar is not None:
+            self._bar.total = total
+            self._bar.refresh()
+
     def times(self, step: int) -> str:
         """``2:03 elapsed | eta 8:21`` at ``step`` (no eta without a total or a pace yet)."""
         now = self.clock()

@@ -163,6 +163,7 @@ class TrainingMonitor:
             scalars.update(self.gpu.snapshot())
         self.tb.scalars(step, scalars)
         if self.progress:
+            self.progress.set_total(self.cfg.train.max_steps or None)  # the budget may cut it
             self.progress.update(
                 step, {**m, **{k: v for k, v in extra.items() if k.startswith("time/")}}
             )

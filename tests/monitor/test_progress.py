@@ -147,3 +147,35 @@ def test_a_resumed_run_counts_its_pace_from_where_it_resumed(capsys):
     monitor.close()
     line = capsys.readouterr().err.splitlines()[-1]
     assert line.startswith("step 1100/2000 | 1:40 elapsed | eta 15:00 |"), line
+
+
+def test_a_run_cut_by_its_budget_shows_the_new_length(capsys):
+    # train.budget_minutes sets train.max_steps after its probe: the line and the ETA follow
+    # (they said step 150/14000, eta 2:06:04 on a run that ends at step 3000)
+    from muongen.config import load_config
+    from muongen.train.distributed import DistInfo
+    from muongen.train.monitor import TrainingMonitor
+
+    cfg = load_config(
+        None,
+        [
+            "train.max_steps=14000",
+            "logging.progress=plain",
+            "logging.tensorboard=false",
+            "logging.gpu_monitor=false",
+        ],
+    )
+    clock = Clock()
+    monitor = TrainingMonitor(
+        cfg, "unused", dist=DistInfo(), device=torch.device("cpu"), clock=clock
+    )
+    monitor.open(0)
+    out = {k: torch.tensor(0.5) for k in ("c_loss", "g_loss", "m_loss", "gp", "w_gap", "skipped")}
+    clock.t += 10.0
+    monitor.log(100, out, {})
+    cfg.train.max_steps = 3000  # what StepBudget._apply does
+    clock.t += 10.0
+    monitor.log(200, out, {})
+    monitor.close()
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert line.startswith("step 200/3000 | 0:20 elapsed | eta 4:40 |"), line  # 2800 at 10/s
