@@ -120,9 +120,13 @@ def test_bad_mode():
         Progress(10, mode="fancy")
 
 
-def test_a_resumed_run_counts_its_pace_from_where_it_resumed(capsys):
-    # the trainer's monitor opens the progress at the resumed step: 100 steps in 100 s
-    # leave 900 steps, 15 minutes (not the 1:22 that counting from step 0 would promise)
+#: a step's outputs as the trainer's monitor receives them
+LOSSES = {k: torch.tensor(0.5) for k in ("c_loss", "g_loss", "m_loss", "gp", "w_gap", "skipped")}
+
+
+def plain_monitor(max_steps: int):
+    """The trainer's monitor with plain progress lines on a settable clock (no TensorBoard,
+    no GPU sampler): the config, the clock and the monitor."""
     from muongen.config import load_config
     from muongen.train.distributed import DistInfo
     from muongen.train.monitor import TrainingMonitor
@@ -130,7 +134,7 @@ def test_a_resumed_run_counts_its_pace_from_where_it_resumed(capsys):
     cfg = load_config(
         None,
         [
-            "train.max_steps=2000",
+            f"train.max_steps={max_steps}",
             "logging.progress=plain",
             "logging.tensorboard=false",
             "logging.gpu_monitor=false",
@@ -140,10 +144,16 @@ def test_a_resumed_run_counts_its_pace_from_where_it_resumed(capsys):
     monitor = TrainingMonitor(
         cfg, "unused", dist=DistInfo(), device=torch.device("cpu"), clock=clock
     )
+    return cfg, clock, monitor
+
+
+def test_a_resumed_run_counts_its_pace_from_where_it_resumed(capsys):
+    # the trainer's monitor opens the progress at the resumed step: 100 steps in 100 s
+    # leave 900 steps, 15 minutes (not the 1:22 that counting from step 0 would promise)
+    _, clock, monitor = plain_monitor(max_steps=2000)
     monitor.open(1000)
     clock.t += 100.0
-    out = {k: torch.tensor(0.5) for k in ("c_loss", "g_loss", "m_loss", "gp", "w_gap", "skipped")}
-    monitor.log(1100, out, {})
+    monitor.log(1100, LOSSES, {})
     monitor.close()
     line = capsys.readouterr().err.splitlines()[-1]
     assert line.startswith("step 1100/2000 | 1:40 elapsed | eta 15:00 |"), line
@@ -152,30 +162,13 @@ def test_a_resumed_run_counts_its_pace_from_where_it_resumed(capsys):
 def test_a_run_cut_by_its_budget_shows_the_new_length(capsys):
     # train.budget_minutes sets train.max_steps after its probe: the line and the ETA follow
     # (they said step 150/14000, eta 2:06:04 on a run that ends at step 3000)
-    from muongen.config import load_config
-    from muongen.train.distributed import DistInfo
-    from muongen.train.monitor import TrainingMonitor
-
-    cfg = load_config(
-        None,
-        [
-            "train.max_steps=14000",
-            "logging.progress=plain",
-            "logging.tensorboard=false",
-            "logging.gpu_monitor=false",
-        ],
-    )
-    clock = Clock()
-    monitor = TrainingMonitor(
-        cfg, "unused", dist=DistInfo(), device=torch.device("cpu"), clock=clock
-    )
+    cfg, clock, monitor = plain_monitor(max_steps=14000)
     monitor.open(0)
-    out = {k: torch.tensor(0.5) for k in ("c_loss", "g_loss", "m_loss", "gp", "w_gap", "skipped")}
     clock.t += 10.0
-    monitor.log(100, out, {})
+    monitor.log(100, LOSSES, {})
     cfg.train.max_steps = 3000  # what StepBudget._apply does
     clock.t += 10.0
-    monitor.log(200, out, {})
+    monitor.log(200, LOSSES, {})
     monitor.close()
     line = capsys.readouterr().err.splitlines()[-1]
     assert line.startswith("step 200/3000 | 0:20 elapsed | eta 4:40 |"), line  # 2800 at 10/s
