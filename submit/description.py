@@ -52,16 +52,9 @@ def node_description(campaign: Campaign, node: Node) -> dict[str, str]:
         # Filled from the node's VARS, so condor_q -af MuongenRange shows where a job is.
         "My.MuongenCampaign": '"$(campaign)"',
         "My.MuongenRange": '"$(range)"',
-        "log": f"{C.LOGS_DIR}/{node.name}.log",
-        # $(RETRY) is DAGMan's retry number: every attempt keeps its own stdout/stderr.
-        "output": f"{C.LOGS_DIR}/{node.name}.$(RETRY).out",
-        "error": f"{C.LOGS_DIR}/{node.name}.$(RETRY).err",
+        **job_logs(node.name),
     }
-    if campaign.project is not None:
-        desc["My.ProjectName"] = classad_string(campaign.project)
-    desc |= hold_policy(campaign)
-    desc |= credential_settings(campaign)
-    return desc
+    return desc | pool_settings(campaign)
 
 
 def transfer_settings(campaign: Campaign, node: Node) -> dict[str, str]:
@@ -94,6 +87,25 @@ def transfer_settings(campaign: Campaign, node: Node) -> dict[str, str]:
         ]
         settings["transfer_input_files"] = ", ".join(inputs)
     return settings
+
+
+def job_logs(node_name: str, retried: bool = True) -> dict[str, str]:
+    """A node's log, stdout and stderr under logs/; ``$(RETRY)`` is DAGMan's retry number,
+    so every attempt of a retried node keeps its own stdout/stderr."""
+    attempt = ".$(RETRY)" if retried else ""
+    return {
+        "log": f"{C.LOGS_DIR}/{node_name}.log",
+        "output": f"{C.LOGS_DIR}/{node_name}{attempt}.out",
+        "error": f"{C.LOGS_DIR}/{node_name}{attempt}.err",
+    }
+
+
+def pool_settings(campaign: Campaign) -> dict[str, str]:
+    """What every job of a campaign that runs muongen carries for the pool: the accounting
+    project (when set), the hold policy and the credentials."""
+    project = campaign.project
+    desc = {"My.ProjectName": classad_string(project)} if project is not None else {}
+    return desc | hold_policy(campaign) | credential_settings(campaign)
 
 
 def hold_policy(campaign: Campaign) -> dict[str, str]:
@@ -260,15 +272,9 @@ def evaluate_description(
         "My.JobDurationCategory": classad_string("Medium"),
         "My.MuongenCampaign": classad_string(campaign.name),
         "My.MuongenMember": classad_string(member),
-        "log": f"{C.LOGS_DIR}/{node_name}.log",
-        "output": f"{C.LOGS_DIR}/{node_name}.$(RETRY).out",
-        "error": f"{C.LOGS_DIR}/{node_name}.$(RETRY).err",
+        **job_logs(node_name),
     }
-    if campaign.project is not None:
-        desc["My.ProjectName"] = classad_string(campaign.project)
-    desc |= hold_policy(campaign)
-    desc |= credential_settings(campaign)
-    return desc
+    return desc | pool_settings(campaign)
 
 
 COMPARE_RESOURCES = {"request_cpus": "1", "request_memory": "4GB", "request_disk": "4GB"}
@@ -293,9 +299,7 @@ def compare_description(campaign: Campaign) -> dict[str, str]:
         "transfer_output_files": C.BOARD_DIR,
         "My.JobDurationCategory": classad_string("Medium"),
         "My.MuongenCampaign": classad_string(campaign.name),
-        "log": f"{C.LOGS_DIR}/{C.COMPARE_NODE}.log",
-        "output": f"{C.LOGS_DIR}/{C.COMPARE_NODE}.out",
-        "error": f"{C.LOGS_DIR}/{C.COMPARE_NODE}.err",
+        **job_logs(C.COMPARE_NODE, retried=False),
     }
     if campaign.project is not None:
         desc["My.ProjectName"] = classad_string(campaign.project)
