@@ -176,6 +176,16 @@ class ModelConfig:
     1.47-1.96 against 1.54-3.23 with ``xy`` (the rich-only preset of 2026-11-25, 4 seeds x
     2 rich held-out sets; docs/fidelity.md, "The polar head"); ``xy`` by default so that older
     checkpoints keep their shape."""
+    energy_reference: Literal["none", "per_nucleon"] = "none"
+    """Where the generator's muon energies are measured from. ``none``: log10(E / 1e6 GeV)
+    itself, standardised over all muons. ``per_nucleon``: log10(E / (E0 / A)), the muon's
+    energy over the primary's energy per nucleon, standardised over all muons, the
+    per-nucleon energy then added back: a muon of a nucleus of mass A and energy E0 comes
+    from a nucleon of energy E0 / A (the superposition model), so the top of every bundle's
+    spectrum sits near 0 on this scale whatever the condition, and the generator does not
+    have to move it across six decades of E0 / A. The critic then also sees each muon's
+    energy on this scale, as one more input. No energy is bounded: a muon above E0 / A can
+    still be drawn. Off by default so that older checkpoints keep their shape."""
 
 
 @dataclass

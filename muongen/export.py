@@ -46,6 +46,7 @@ from muongen import __version__, schema
 from muongen.errors import ConfigError
 from muongen.model.generator import LOG_STD_MAX, LOG_STD_MIN
 from muongen.model.layers import split_linear
+from muongen.model.normaliser import per_nucleon_energy
 
 HELP = "write the generator (with its standardisers) as one TorchScript or ONNX file"
 FORMATS = ("torchscript", "onnx")
@@ -83,6 +84,7 @@ class PhysicalGenerator(nn.Module):
         self.rotate = bool(generator.rotate)
         self.polar = bool(getattr(generator, "polar", False))
         self.polar_norm = getattr(generator, "polar_norm", None)
+        self.energy_norm = getattr(generator, "energy_norm", None)  # energy_reference
         self.training_domain: dict | None = None  # muongen.domain's record, into the metadata
 
     def forward(
@@ -111,7 +113,11 @@ class PhysicalGenerator(nn.Module):
         out = self.local_net[1:](hidden)  # (N, F) standardised
         # (N, F) features; polar: [log E, r] from the standardised [log E, log r]
         feat = (self.polar_norm if self.polar else self.muon_norm).inverse(out)
-        energy = schema.ENERGY_SCALE_GEV * torch.pow(10.0, feat[:, 0])
+        log_e = feat[:, 0]
+        if self.energy_norm is not None:  # per_nucleon: measured from each event's E0 / A
+            ref = per_nucleon_energy(cond).index_select(0, event_of)
+            log_e = self.energy_norm.inverse(out[:, :1]).squeeze(-1) + ref
+        energy = schema.ENERGY_SCALE_GEV * torch.pow(10.0, log_e)
         if self.representation == "radial" or self.polar:
             r = feat[:, 1].abs() * schema.POSITION_SCALE_M
             phi = noise[:, zl] * (2.0 * math.pi)

@@ -35,6 +35,9 @@ def _checkpoint(tmp_path_factory, overrides: list[str]):
         if generator.polar_norm is not None:  # log r around e^-4 x 500 m = 9 m
             generator.polar_norm.mean.copy_(torch.tensor([0.2, -4.0]))
             generator.polar_norm.std.copy_(torch.tensor([0.6, 1.1]))
+        if generator.energy_norm is not None:  # log10(E / (E0 / A)) around -2.5
+            generator.energy_norm.mean.copy_(torch.tensor([-2.5]))
+            generator.energy_norm.std.copy_(torch.tensor([0.8]))
     out = tmp_path_factory.mktemp("ckpt")
     saved = checkpoint.save(
         {"config": cfg.to_dict(), "generator": generator.state_dict()}, out, "small", step=3
@@ -44,16 +47,20 @@ def _checkpoint(tmp_path_factory, overrides: list[str]):
 
 @pytest.fixture(
     scope="module",
-    params=["xy", "radial", "xy-hurdle", "polar", "polar-hurdle2-slant", "xy-hurdle2-shared"],
+    params=[
+        "xy", "radial", "xy-hurdle", "polar", "polar-hurdle2-slant-pernucleon", "xy-hurdle2-shared"
+    ],
 )
 def small_checkpoint(request, tmp_path_factory):
     """Small checkpoints in both muon representations (xy: rotated bundles; radial: drawn
     azimuths) with the lognormal multiplicity head, one with the hurdle head, and with the
     xy representation's polar head (log r and an azimuth per muon), once with the hurdle
-    head's exact probabilities of 1 and 2 muons and the slant depth among the conditions
-    (the quality preset's), and the hurdle head with exact counts on one shared trunk
-    (model.mult_trunk): every noise input and every path of the heads is used."""
-    param, shared = request.param.removesuffix("-shared"), request.param.endswith("-shared")
+    head's exact probabilities of 1 and 2 muons, the slant depth among the conditions and
+    the energies measured from E0 / A (model.energy_reference: the quality preset's), and
+    the hurdle head with exact counts on one shared trunk (model.mult_trunk): every noise
+    input and every path of the heads is used."""
+    param, pern = request.param.removesuffix("-pernucleon"), request.param.endswith("-pernucleon")
+    param, shared = param.removesuffix("-shared"), param.endswith("-shared")
     param, slant = param.removesuffix("-slant"), param.endswith("-slant")
     representation, _, head = param.partition("-")
     exact = head.removeprefix("hurdle") if head.startswith("hurdle") else ""
@@ -61,6 +68,7 @@ def small_checkpoint(request, tmp_path_factory):
     overrides = [f"model.multiplicity={head or 'lognormal'}", f"model.mult_exact={exact or 0}"]
     overrides += [f"model.slant_depth={str(slant).lower()}"]
     overrides += [f"model.mult_trunk={'shared' if shared else 'separate'}"]
+    overrides += [f"model.energy_reference={'per_nucleon' if pern else 'none'}"]
     if representation == "polar":
         overrides += ["model.lateral_head=polar"]
     else:

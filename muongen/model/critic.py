@@ -24,7 +24,13 @@ from torch import nn
 from muongen import schema
 from muongen.config import ModelConfig
 from muongen.model.layers import Linear, leaky_relu, mlp, narrow_linear, split_linear
-from muongen.model.normaliser import ConditionStandardiser, condition_dim, muon_standardiser
+from muongen.model.normaliser import (
+    ConditionStandardiser,
+    Standardiser,
+    condition_dim,
+    muon_standardiser,
+    per_nucleon_energy,
+)
 from muongen.model.pooling import event_index_of, rows_of, segment_max, segment_mean
 
 
@@ -42,7 +48,26 @@ class _SetCritic(nn.Module):
         self.muon_norm = muon_standardiser(cfg)
         self.log_radius = cfg.critic_log_radius and cfg.representation == "xy"
         self.log_radius_floor = cfg.critic_log_radius_floor
-        return schema.muon_feature_dim(cfg.representation) + int(self.log_radius)
+        # per_nucleon: each muon's log10(E / (E0 / A)), standardised, one more input that
+        # :meth:`_with_energy_reference` appends in ``score`` (it needs the condition)
+        per_nucleon = cfg.energy_reference == "per_nucleon"
+        self.energy_norm = Standardiser(1) if per_nucleon else None
+        return schema.muon_feature_dim(cfg.representation) + int(self.log_radius) + per_nucleon
+
+    def _with_energy_reference(
+        self, muons: torch.Tensor, cond: torch.Tensor, event_index: torch.Tensor
+    ) -> torch.Tensor:
+        """(N, F') inputs -> (N, F' + 1) with each muon's standardised log10(E / (E0 / A))
+        appended (``model.energy_reference: per_nucleon``; else ``muons`` itself). It is an
+        affine function of the standardised log E and the event's condition, so the
+        gradient penalty, taken on the inputs, holds the critic Lipschitz through it."""
+        if self.energy_norm is None:
+            return muons
+        norm = self.muon_norm
+        log_e = muons[:, 0] * norm.std[0].to(muons.dtype) + norm.mean[0].to(muons.dtype)
+        ref = per_nucleon_energy(cond).to(muons.dtype).index_select(0, event_index)
+        rel = self.energy_norm((log_e - ref).unsqueeze(-1))
+        return torch.cat([muons, rel], dim=-1)
 
     def inputs(self, muons: torch.Tensor) -> torch.Tensor:
         """(N, F) muon features -> (N, F') what :meth:`score` takes: the standardised
@@ -113,6 +138,7 @@ class Critic(_SetCritic):
         """Like :meth:`forward` but for muons already mapped by :meth:`inputs` (N, F')."""
         if event_index is None:
             event_index = event_index_of(counts, muons.shape[0])
+        muons = self._with_energy_reference(muons, cond, event_index)
         cond = self.cond_norm(cond)
         x = torch.cat([muons, rows_of(cond, event_index)], dim=-1)  # (N, F + 4)
         if self.pooling == "amax":
@@ -164,6 +190,7 @@ class EpicCritic(_SetCritic):
         """Like :meth:`forward` but for muons already mapped by :meth:`inputs` (N, F')."""
         if event_index is None:
             event_index = event_index_of(counts, muons.shape[0])
+        muons = self._with_energy_reference(muons, cond, event_index)
         c = self.cond_norm(cond).to(muons.dtype)
         log_n = torch.log1p(counts.to(muons.dtype)).unsqueeze(-1)  # (B, 1)
         phi = _act_(narrow_linear(self.embed, muons))  # (N, L)

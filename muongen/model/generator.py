@@ -57,6 +57,7 @@ from muongen.model.normaliser import (
     Standardiser,
     condition_dim,
     muon_standardiser,
+    per_nucleon_energy,
 )
 from muongen.model.pooling import event_index_of
 
@@ -160,6 +161,9 @@ class Generator(nn.Module):
         self.muon_norm = muon_standardiser(cfg)
         # polar: [log E, r] standardised, r in log space (fitted by fit_normalisers)
         self.polar_norm = Standardiser(2, log_features=(1,)) if self.polar else None
+        # per_nucleon: the energy output is log10(E / (E0 / A)), standardised by its own
+        # fitted mean and spread, E0 / A added back (model.energy_reference)
+        self.energy_norm = Standardiser(1) if cfg.energy_reference == "per_nucleon" else None
         self.multiplicity_spread = None
         if cfg.multiplicity == "hurdle":
             self.multiplicity = HurdleMultiplicity(
@@ -306,8 +310,8 @@ class Generator(nn.Module):
         z_local = _noise((n_muons, self.z_local), context, generator)
         out = self._local(context, z_local, counts)  # (N, F) standardised
         if self.polar:
-            return self._polar(out, n_muons, generator)
-        muons = self.muon_norm.inverse(out)  # radial: r = exp(...) > 0
+            return self._polar(out, n_muons, generator, cond, counts)
+        muons = self._absolute_energy(out, self.muon_norm.inverse(out), cond, counts)
         if not self.rotate:
             return muons
         # the azimuth is uniform: turn each event's bundle rigidly by a random angle, so
@@ -321,12 +325,33 @@ class Generator(nn.Module):
         x, y = muons[:, 1], muons[:, 2]
         return torch.stack([muons[:, 0], cos * x - sin * y, sin * x + cos * y], dim=1)
 
+    def _absolute_energy(
+        self, out: torch.Tensor, feat: torch.Tensor, cond: torch.Tensor, counts: torch.Tensor
+    ) -> torch.Tensor:
+        """``feat`` (N, F) un-standardised from ``out`` with, under
+        ``model.energy_reference: per_nucleon``, column 0 replaced by the energy measured
+        from each event's E0 / A (``cond`` (B', 4) and ``counts`` (B',) of the events the
+        muons belong to); otherwise ``feat`` itself."""
+        if self.energy_norm is None:
+            return feat
+        ref = torch.repeat_interleave(
+            per_nucleon_energy(cond).to(out.dtype), counts, output_size=out.shape[0]
+        )
+        energy = self.energy_norm.inverse(out[:, :1]).squeeze(-1) + ref
+        return torch.cat([energy.unsqueeze(-1), feat[:, 1:]], dim=-1)
+
     def _polar(
-        self, out: torch.Tensor, n_muons: int, generator: torch.Generator | None
+        self,
+        out: torch.Tensor,
+        n_muons: int,
+        generator: torch.Generator | None,
+        cond: torch.Tensor,
+        counts: torch.Tensor,
     ) -> torch.Tensor:
         """(N, 2) standardised [log E, log r] -> (N, 3) [log E, x, y] features, each muon
-        turned by its own uniform azimuth (drawn after the per-muon noise)."""
-        energy_r = self.polar_norm.inverse(out)  # r = exp(...) > 0
+        turned by its own uniform azimuth (drawn after the per-muon noise); ``cond`` and
+        ``counts``: the muons' events, for :meth:`_absolute_energy`."""
+        energy_r = self._absolute_energy(out, self.polar_norm.inverse(out), cond, counts)
         phi = (2.0 * torch.pi) * _uniform(n_muons, out, generator)
         r = energy_r[:, 1]
         return torch.stack([energy_r[:, 0], r * torch.sin(phi), r * torch.cos(phi)], dim=1)

@@ -181,9 +181,20 @@ def fit_normalisers(generator: nn.Module, critic: nn.Module, batch: RaggedBatch)
     for model in (generator, critic):
         model.cond_norm.fit(batch.conditions)
         model.muon_norm.fit(batch.muons)
+        energy = getattr(model, "energy_norm", None)
+        if energy is not None:
+            ref = per_nucleon_energy(batch.conditions)
+            ref = torch.repeat_interleave(ref, batch.counts, output_size=batch.muons.shape[0])
+            energy.fit((batch.muons[:, 0] - ref).unsqueeze(-1))
     polar = getattr(generator, "polar_norm", None)
     if polar is not None:
         polar.fit(polar_features(batch.muons))
+
+
+def per_nucleon_energy(cond: torch.Tensor) -> torch.Tensor:
+    """(B, 4+) condition features -> (B,) log10(E0 / A / 1e6 GeV), the primary's energy per
+    nucleon in the muons' energy feature units (``model.energy_reference: per_nucleon``)."""
+    return cond[:, 0] - cond[:, 2]
 
 
 #: polar_features' floor under r (x / 500 m units: 5 mm), so that a muon on the axis
