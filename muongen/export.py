@@ -146,6 +146,7 @@ class PhysicalGenerator(nn.Module):
             "z_local": str(self.z_local),
             "representation": self.representation,
             "lateral_head": "polar" if self.polar else "xy",
+            "energy_reference": "none" if self.energy_norm is None else "per_nucleon",
             "max_muons": str(self.max_muons),
             "inputs": "conditions (B,4) [E GeV, zenith rad, A, depth m]; event_noise "
             "(B,2+z_global) [N(0,1), N(0,1) x z_global, U(0,1)]; muon_noise (M,z_local+1) "
