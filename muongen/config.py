@@ -176,6 +176,13 @@ class ModelConfig:
     1.47-1.96 against 1.54-3.23 with ``xy`` (the rich-only preset of 2026-11-25, 4 seeds x
     2 rich held-out sets; docs/fidelity.md, "The polar head"); ``xy`` by default so that older
     checkpoints keep their shape."""
+    local_exp_noise: int = 0
+    """How many of each muon's z_local noise inputs are exponential, Exp(1) - 1, instead of
+    N(0, 1): each is drawn N(0, 1) and mapped by e = -log(Phi(-z)) (z clamped at 5), so
+    the noise inputs, their order and an export's muon noise stay N(0, 1). A muon's energy
+    within a bundle falls as a power law, an exponential in log E: a linear map of an
+    exponential input makes that tail, where Gaussian inputs give a tail that falls as
+    exp(-x^2) unless the network bends them. 0 (default): all N(0, 1)."""
     energy_reference: Literal["none", "per_nucleon"] = "none"
     """Where the generator's muon energies are measured from. ``none``: log10(E / 1e6 GeV)
     itself, standardised over all muons. ``per_nucleon``: log10(E / (E0 / A)), the muon's
@@ -453,6 +460,11 @@ def validate(cfg: Config) -> None:
         ("train.step_shards", cfg.train.step_shards >= 0, "must be >= 0 (0: auto)"),
         ("train.cuda_graphs_max", cfg.train.cuda_graphs_max >= 1, "must be >= 1"),
         ("model.critic_log_radius_floor", cfg.model.critic_log_radius_floor > 0, "must be > 0"),
+        (
+            "model.local_exp_noise",
+            0 <= cfg.model.local_exp_noise <= cfg.model.z_local,
+            "must be between 0 and model.z_local",
+        ),
         ("checkpoint.keep_last", cfg.checkpoint.keep_last >= 1, "must be >= 1"),
     ]
     for key, ok, why in checks:

@@ -44,7 +44,7 @@ from torch import nn
 
 from muongen import __version__, schema
 from muongen.errors import ConfigError
-from muongen.model.generator import LOG_STD_MAX, LOG_STD_MIN
+from muongen.model.generator import LOG_STD_MAX, LOG_STD_MIN, with_exp_noise
 from muongen.model.layers import split_linear
 from muongen.model.normaliser import per_nucleon_energy
 
@@ -79,6 +79,7 @@ class PhysicalGenerator(nn.Module):
         self.local_net = generator.local_net
         self.z_global = int(generator.z_global)
         self.z_local = int(generator.z_local)
+        self.local_exp_noise = int(getattr(generator, "local_exp_noise", 0))
         self.max_muons = int(generator.max_muons)
         self.representation = str(generator.representation)
         self.rotate = bool(generator.rotate)
@@ -109,7 +110,8 @@ class PhysicalGenerator(nn.Module):
         noise = muon_noise.index_select(0, rows)  # (N, Zl + 1)
         # the local net's first layer on [context, z_local], split exactly: the context part
         # once per event, the noise part per muon (as the generator computes it)
-        hidden = split_linear(self.local_net[0], context, noise[:, :zl], counts, event_of)
+        z_local = with_exp_noise(noise[:, :zl], self.local_exp_noise)
+        hidden = split_linear(self.local_net[0], context, z_local, counts, event_of)
         out = self.local_net[1:](hidden)  # (N, F) standardised
         # (N, F) features; polar: [log E, r] from the standardised [log E, log r]
         feat = (self.polar_norm if self.polar else self.muon_norm).inverse(out)
@@ -147,6 +149,7 @@ class PhysicalGenerator(nn.Module):
             "representation": self.representation,
             "lateral_head": "polar" if self.polar else "xy",
             "energy_reference": "none" if self.energy_norm is None else "per_nucleon",
+            "local_exp_noise": str(self.local_exp_noise),
             "max_muons": str(self.max_muons),
             "inputs": "conditions (B,4) [E GeV, zenith rad, A, depth m]; event_noise "
             "(B,2+z_global) [N(0,1), N(0,1) x z_global, U(0,1)]; muon_noise (M,z_local+1) "

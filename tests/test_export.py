@@ -48,7 +48,8 @@ def _checkpoint(tmp_path_factory, overrides: list[str]):
 @pytest.fixture(
     scope="module",
     params=[
-        "xy", "radial", "xy-hurdle", "polar", "polar-hurdle2-slant-pernucleon", "xy-hurdle2-shared"
+        "xy", "radial", "xy-hurdle", "polar", "polar-hurdle2-slant-pernucleon-exp2",
+        "xy-hurdle2-shared",
     ],
 )
 def small_checkpoint(request, tmp_path_factory):
@@ -56,10 +57,12 @@ def small_checkpoint(request, tmp_path_factory):
     azimuths) with the lognormal multiplicity head, one with the hurdle head, and with the
     xy representation's polar head (log r and an azimuth per muon), once with the hurdle
     head's exact probabilities of 1 and 2 muons, the slant depth among the conditions and
-    the energies measured from E0 / A (model.energy_reference: the quality preset's), and
+    the energies measured from E0 / A (model.energy_reference) with two exponential
+    per-muon noise inputs (model.local_exp_noise), and
     the hurdle head with exact counts on one shared trunk (model.mult_trunk): every noise
     input and every path of the heads is used."""
-    param, pern = request.param.removesuffix("-pernucleon"), request.param.endswith("-pernucleon")
+    param, exp = request.param.removesuffix("-exp2"), request.param.endswith("-exp2")
+    param, pern = param.removesuffix("-pernucleon"), param.endswith("-pernucleon")
     param, shared = param.removesuffix("-shared"), param.endswith("-shared")
     param, slant = param.removesuffix("-slant"), param.endswith("-slant")
     representation, _, head = param.partition("-")
@@ -69,6 +72,7 @@ def small_checkpoint(request, tmp_path_factory):
     overrides += [f"model.slant_depth={str(slant).lower()}"]
     overrides += [f"model.mult_trunk={'shared' if shared else 'separate'}"]
     overrides += [f"model.energy_reference={'per_nucleon' if pern else 'none'}"]
+    overrides += [f"model.local_exp_noise={2 if exp else 0}"]
     if representation == "polar":
         overrides += ["model.lateral_head=polar"]
     else:

@@ -122,6 +122,28 @@ def _noise(shape: tuple, like: torch.Tensor, generator: torch.Generator | None) 
     return torch.randn(shape, generator=generator, device=like.device, dtype=like.dtype)
 
 
+#: exp_noise's clamp on z: Phi(-5) = 2.9e-7 is still resolved in float32 by erf, and
+#: draws past it (3 in 10 million) take e = 15.07
+EXP_NOISE_Z_MAX = 5.0
+
+
+def exp_noise(z: torch.Tensor) -> torch.Tensor:
+    """N(0, 1) draws -> Exp(1) - 1 draws (mean 0, std 1): e = -log(Phi(-z)) - 1, with
+    Phi(-z) = (1 - erf(z / sqrt 2)) / 2 and z clamped at :data:`EXP_NOISE_Z_MAX`. Only
+    erf and log: the same operations run in the sampler and in an exported graph."""
+    z = z.clamp(max=EXP_NOISE_Z_MAX)
+    tail = 0.5 * (1.0 - torch.erf(z * (1.0 / math.sqrt(2.0))))
+    return -torch.log(tail) - 1.0
+
+
+def with_exp_noise(z_local: torch.Tensor, n_exp: int) -> torch.Tensor:
+    """(N, Zl) N(0, 1) per-muon noise with its first ``n_exp`` columns made Exp(1) - 1
+    (``model.local_exp_noise``; 0: ``z_local`` itself)."""
+    if n_exp == 0:
+        return z_local
+    return torch.cat([exp_noise(z_local[:, :n_exp]), z_local[:, n_exp:]], dim=1)
+
+
 def _uniform(n: int, like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """(n,) U(0, 1) draws on ``like``'s device and dtype (the angles of :class:`Generator`)."""
     if generator is None:  # as in _noise: torch.compile traces this overload only
@@ -150,6 +172,7 @@ class Generator(nn.Module):
         self.n_features = schema.muon_feature_dim(cfg.representation)
         self.z_global = cfg.z_global
         self.z_local = cfg.z_local
+        self.local_exp_noise = cfg.local_exp_noise
         self.max_muons = cfg.max_generated_muons
         self.multiplicity_mode = cfg.multiplicity
         # polar: the local net gives [log E, log r] and each muon draws its own azimuth,
@@ -308,6 +331,7 @@ class Generator(nn.Module):
         # the local net's first layer on [context, z_local], split exactly: its context
         # part once per event, its noise part per muon (per-muon cost independent of C)
         z_local = _noise((n_muons, self.z_local), context, generator)
+        z_local = with_exp_noise(z_local, self.local_exp_noise)
         out = self._local(context, z_local, counts)  # (N, F) standardised
         if self.polar:
             return self._polar(out, n_muons, generator, cond, counts)
