@@ -48,7 +48,11 @@ def _checkpoint(tmp_path_factory, overrides: list[str]):
 @pytest.fixture(
     scope="module",
     params=[
-        "xy", "radial", "xy-hurdle", "polar", "polar-hurdle2-slant-pernucleon-exp2",
+        "xy",
+        "radial",
+        "xy-hurdle",
+        "polar",
+        "polar-hurdle2-slant-pernucleon-exp2",
         "xy-hurdle2-shared",
     ],
 )

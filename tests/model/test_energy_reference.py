@@ -50,7 +50,9 @@ def test_generator_energies_follow_each_events_energy_per_nucleon(lateral_head):
     ref = torch.repeat_interleave(per_nucleon_energy(batch.conditions), batch.counts)
     rel = (batch.muons[:, 0] - ref).double()
     torch.testing.assert_close(gen.energy_norm.mean[0].double(), rel.mean(), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(critic.energy_norm.std[0].double(), rel.std(correction=0), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        critic.energy_norm.std[0].double(), rel.std(correction=0), rtol=1e-4, atol=1e-5
+    )
     # one event's condition, then the same with E0 ten times higher and A four times
     cond = batch.conditions[:1].repeat(2, 1)
     cond[1, 0] += 1.0
@@ -64,7 +66,9 @@ def test_generator_energies_follow_each_events_energy_per_nucleon(lateral_head):
         ]
     shift = float(per_nucleon_energy(cond[1:]) - per_nucleon_energy(cond[:1]))
     assert abs(shift - (1.0 - 0.60206)) < 1e-4
-    torch.testing.assert_close(muons[1][:, 0] - muons[0][:, 0], torch.full((5,), shift), atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        muons[1][:, 0] - muons[0][:, 0], torch.full((5,), shift), atol=1e-4, rtol=0
+    )
     if lateral_head == "polar":  # the lateral part does not move
         r = [torch.hypot(m[:, 1], m[:, 2]) for m in muons]
         torch.testing.assert_close(r[0], r[1], atol=1e-5, rtol=1e-4)
