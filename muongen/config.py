@@ -105,6 +105,14 @@ class ModelConfig:
     gives a 1.1-1.2x faster step but a worse pooled muon radius: docs/fidelity.md)."""
     critic_layers: int = 1
     """EPiC critic: muon <-> event exchange layers (2 measured no better, and slower)."""
+    muon_critic: list[int] = field(default_factory=list)
+    """Hidden widths of a per-muon critic beside the set critic (empty, the default: none;
+    :mod:`muongen.model.muon_critic`). It scores each muon alone, s(muon, condition,
+    log(1 + N)), and its WGAN term (weight ``optim.muon_critic_weight``) compares the
+    pooled real and fake muons of a batch with every muon counting alike, where the set
+    critic's events weigh a muon of an N-muon bundle ~1/N: the pooled per-muon spectra of
+    the richest, most energetic bundles. Its gradient penalty is per muon. Needs
+    train.fake_counts = real."""
     critic_log_radius: bool = False
     """xy representation: the critic also sees each muon's log distance to the axis,
     0.5 log(x^2 + y^2 + 0.03^2) in standardised units, as a fourth input, and the gradient
@@ -250,6 +258,13 @@ class OptimConfig:
     4.4-7.2 against 1.16-1.34 and 6.0-7.7 with none (15000 steps, 2 seeds, 2 held-out
     sets); sqrt moved the worst bins from big shallow bundles to small deep ones and the
     medians up (1.08-1.17 against 1.05-1.09 with log at 20000 steps; docs/fidelity.md)."""
+    muon_critic_weight: float = 1.0
+    """Weight of the per-muon critic's WGAN term (``model.muon_critic``) in the critic's
+    and the generator's losses, beside the set critic's (weight 1); its gradient penalty
+    takes ``gp_lambda`` and ``gp_every`` as the set critic's does."""
+    muon_gp_rows: int = 4096
+    """About this many muons of a batch (drawn uniformly with replacement, an alpha each)
+    enter the per-muon critic's gradient penalty."""
     mult_weight: float = 1.0
     """Weight of the multiplicity loss in the generator loss (MSE for round, NLL for
     lognormal, BCE plus pinball loss for hurdle)."""
@@ -465,6 +480,13 @@ def validate(cfg: Config) -> None:
             0 <= cfg.model.local_exp_noise <= cfg.model.z_local,
             "must be between 0 and model.z_local",
         ),
+        ("optim.muon_critic_weight", cfg.optim.muon_critic_weight >= 0, "must be >= 0"),
+        ("optim.muon_gp_rows", cfg.optim.muon_gp_rows >= 1, "must be >= 1"),
+        (
+            "model.muon_critic",
+            all(w >= 1 for w in cfg.model.muon_critic),
+            "must hold positive widths (or be empty: no per-muon critic)",
+        ),
         ("checkpoint.keep_last", cfg.checkpoint.keep_last >= 1, "must be >= 1"),
     ]
     for key, ok, why in checks:
@@ -482,6 +504,12 @@ def validate(cfg: Config) -> None:
             "train.cuda_graphs records the step with the real counts in fp32 or bf16 "
             f"(got train.fake_counts={t.fake_counts}, train.precision={t.precision}): set "
             "train.cuda_graphs=false or those keys back"
+        )
+    if cfg.model.muon_critic and t.fake_counts != "real":
+        raise ConfigError(
+            "model.muon_critic pairs each real muon with the fake muon in its place and "
+            f"needs train.fake_counts=real (got {t.fake_counts}): set model.muon_critic=[] "
+            "or train.fake_counts=real"
         )
     horizon = cfg.optim.decay_steps or cfg.train.max_steps
     if cfg.optim.schedule == "cosine" and horizon <= cfg.optim.warmup_steps:

@@ -24,6 +24,7 @@ from torch import nn
 from muongen import schema
 from muongen.config import ModelConfig
 from muongen.model.layers import Linear, leaky_relu, mlp, narrow_linear, split_linear
+from muongen.model.muon_critic import MuonCritic
 from muongen.model.normaliser import (
     ConditionStandardiser,
     Standardiser,
@@ -41,7 +42,31 @@ class _SetCritic(nn.Module):
     training step computes the gradient penalty."""
 
     muon_norm: nn.Module
+    cond_norm: nn.Module
     score: Callable[..., torch.Tensor]
+
+    def _setup_muon_critic(self, cfg: ModelConfig, n_features: int, n_cond: int) -> None:
+        """Add the per-muon critic when ``model.muon_critic`` names its widths (made after
+        the set critic's layers, so those draw the same initial weights as without it)."""
+        #: the per-muon critic (:mod:`muongen.model.muon_critic`), or None
+        self.muon_critic = (
+            MuonCritic(n_features, n_cond, cfg.muon_critic) if cfg.muon_critic else None
+        )
+
+    def muon_scores(
+        self,
+        muons: torch.Tensor,
+        cond: torch.Tensor,
+        counts: torch.Tensor,
+        event_index: torch.Tensor,
+    ) -> torch.Tensor:
+        """(N,) the per-muon critic's score of each muon: ``muons`` (N, F') mapped by
+        :meth:`inputs`, of the events ``event_index`` (N,) (any order) with conditions
+        ``cond`` (B, 4) and counts (B,)."""
+        if self.muon_critic is None:
+            raise ValueError("this critic has no per-muon critic (model.muon_critic is empty)")
+        muons = self._with_energy_reference(muons, cond, event_index)
+        return self.muon_critic(muons, self.cond_norm(cond), counts, event_index)
 
     def _setup_inputs(self, cfg: ModelConfig) -> int:
         """Set the input map from the config; returns the number of inputs per muon."""
@@ -127,6 +152,7 @@ class Critic(_SetCritic):
         self.head = mlp(
             width + nc, cfg.critic_head_hidden, 1, activation=leaky_relu, out_bias=False
         )
+        self._setup_muon_critic(cfg, self.n_features, nc)
 
     def score(
         self,
@@ -179,6 +205,7 @@ class EpicCritic(_SetCritic):
         self.layers = nn.ModuleList(_EpicLayer(local, wide, nc) for _ in range(cfg.critic_layers))
         # no output bias: a constant offset cancels in every WGAN loss and in the GP
         self.head = mlp(wide + nc, [wide], 1, activation=leaky_relu, out_bias=False)
+        self._setup_muon_critic(cfg, f, nc)
 
     def score(
         self,

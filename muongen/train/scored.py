@@ -46,6 +46,10 @@ class Scored:
     inputs: torch.Tensor | None = None
     gp_pairs: int = 0  # the penalty's pair cap for these events (0: all)
     padded: bool = False  # the last scored rows may be padding events (see above)
+    # the per-muon critic's (model.muon_critic) weight of one muon: 1 / the batch's muons
+    muon_scale: float = 0.0
+    # the share of the batch's muons drawn for the per-muon critic's penalty
+    muon_gp_share: float = 1.0
     # a shard's part of a microbatch cut into shards (None: a whole microbatch)
     cut: Cut | None = None
     event_index: torch.Tensor = field(init=False)  # (N,) the event of each real muon
@@ -81,6 +85,12 @@ class Scored:
         if self.valid is not None:
             scores = torch.where(self.valid, scores, 0.0)
         return scores if self.weight is None else scores * self.weight
+
+    def muon_mask(self, scores: torch.Tensor) -> torch.Tensor:
+        """(N,) per-muon scores with the muons of the rows that do not count set to 0."""
+        if self.valid is None:
+            return scores
+        return torch.where(self.valid.index_select(0, self.event_index), scores, 0.0)
 
     def pair_counts(self, counts: torch.Tensor) -> torch.Tensor:
         """A scored set's counts as the penalty pairs them: 0 for the rows that do not

@@ -66,6 +66,7 @@ from muongen.errors import ConfigError
 from muongen.model.generator import events_with_muons
 from muongen.model.layers import use_onednn
 from muongen.model.losses import critic_loss, generator_loss, w_gap
+from muongen.model.muon_critic import muon_penalty
 from muongen.model.penalty import draw_pairs, gradient_penalty, pair_count
 from muongen.train import checkpoint as ckpt
 from muongen.train import compile_probe
@@ -159,6 +160,13 @@ class GanStep:
                 f"optim.event_weight={optim_cfg.event_weight} weighs an event's real and fake "
                 "bundles alike and needs train.fake_counts=real "
                 f"(got {train_cfg.fake_counts}); set one of them back"
+            )
+        #: whether the critic has a per-muon critic (model.muon_critic) that the step trains
+        self.muon_critic = getattr(critic, "muon_critic", None) is not None
+        if self.muon_critic and train_cfg.fake_counts != "real":
+            raise ConfigError(
+                "model.muon_critic pairs each real muon with the fake muon in its place and "
+                f"needs train.fake_counts=real (got {train_cfg.fake_counts})"
             )
         factor = functools.partial(
             lr_factor,
@@ -325,7 +333,7 @@ class GanStep:
         Returns the shard's weighted sums of the loss, the gap and the penalty."""
         ocfg = self.optim_cfg
         use_gp = lam > 0
-        loss_sum = gap_sum = gp_sum = torch.zeros((), device=self.device)
+        loss_sum = gap_sum = gp_sum = muon_sum = torch.zeros((), device=self.device)
         for mb, w in work:
             fake, fake_counts = mb.fakes[k]  # in the critic's input space, for the GP too
             per_event = w / max(mb.n_events, 1)  # the losses' means are sums / B
@@ -333,7 +341,12 @@ class GanStep:
                 with self._autocast():
                     both = self._critic_fwd(torch.cat([mb.inputs, fake]), *mb.both_sets())
                 d_real, d_fake = (mb.mask(d).float() for d in both.chunk(2))
-                backward((d_fake.sum() - d_real.sum()) * per_event)  # mean D(fake) - D(real)
+                loss = (d_fake.sum() - d_real.sum()) * per_event  # mean D(fake) - D(real)
+                if self.muon_critic:
+                    muon_loss = self._muon_wgan(mb, fake)
+                    loss = loss + muon_loss
+                    muon_sum = muon_sum + muon_loss.detach()
+                backward(loss)
             else:
                 with self._autocast():
                     d_real = self._critic_fwd(mb.inputs, mb.cond, mb.counts, mb.event_index)
@@ -371,12 +384,57 @@ class GanStep:
                         **self._rng_kw(rng),
                     )
                 backward(gp * (lam * gp_w))
+                if self.muon_critic:
+                    muon_gp = self._muon_penalty(mb, fake, rng) * ocfg.muon_critic_weight
+                    backward(muon_gp * lam)
+                    muon_sum = muon_sum + lam * muon_gp.detach()
             gp = gp.detach() * gp_w
             loss = critic_loss(d_real.detach(), d_fake.detach(), gp, 0.0, mb.n_events) * w
             loss_sum = loss_sum + loss + lam * gp
             gap_sum = gap_sum + w_gap(d_real, d_fake, n_events=mb.n_events) * w
             gp_sum = gp_sum + gp
-        return loss_sum, gap_sum, gp_sum
+        return loss_sum + muon_sum, gap_sum, gp_sum
+
+    def _muon_wgan(self, mb: Scored, fake: torch.Tensor) -> torch.Tensor:
+        """The per-muon critic's WGAN term of one shard's events, weight times (sum of
+        s(fake) - sum of s(real)) / the batch's muons (:mod:`muongen.model.muon_critic`):
+        its part of the pooled means over the whole batch. Real and fake are scored in one
+        call, as the set critic scores them (the real counts)."""
+        with self._autocast():
+            s = self.critic.muon_scores(torch.cat([mb.inputs, fake]), *mb.both_sets())
+        s_real, s_fake = (mb.muon_mask(t).float() for t in s.chunk(2))
+        scale = self.optim_cfg.muon_critic_weight * mb.muon_scale
+        return (s_fake.sum() - s_real.sum()) * scale
+
+    def _muon_penalty(
+        self, mb: Scored, fake: torch.Tensor, rng: torch.Generator | None
+    ) -> torch.Tensor:
+        """The per-muon critic's gradient penalty of one shard's events: its share of the
+        batch's mean over ``optim.muon_gp_rows`` muons drawn uniformly (with replacement),
+        each real muon paired with the fake muon in its row, an alpha ~ U(0, 1) each."""
+        n = mb.n_muons
+        draws = min(n, max(1, round(n * mb.muon_gp_share))) if n else 0
+        if draws == 0:
+            return torch.zeros((), device=self.device)
+        kw = {"device": mb.inputs.device, **self._rng_kw(rng)}
+        rows = torch.randint(0, n, (draws,), **kw)
+        alpha = torch.rand((draws, 1), dtype=mb.inputs.dtype, **kw)
+        cond, counts = mb.cond, mb.counts
+        with self._autocast(enabled=self.amp_dtype is torch.bfloat16):
+            terms = muon_penalty(
+                lambda x, e: self.critic.muon_scores(x, cond, counts, e),
+                mb.inputs,
+                fake,
+                mb.event_index,
+                rows,
+                alpha,
+            )
+        if mb.valid is not None:
+            valid = mb.valid.index_select(0, mb.event_index.index_select(0, rows))
+            terms = torch.where(valid, terms, 0.0)
+        # each drawn muon stands for 1 / share of the batch's muons: the shards' parts sum
+        # to the mean over the batch's draws
+        return terms.float().sum() * (mb.muon_scale / (draws / n))
 
     def _generator_update(
         self, work: list[Work]
@@ -407,13 +465,22 @@ class GanStep:
                 fake_index = mb.event_index if fake_counts is mb.counts else None
                 fake = self.critic.inputs(fake)
                 d_fake = mb.mask(self._critic_fwd(fake, mb.cond, fake_counts, fake_index))
+                if self.muon_critic:  # - the pooled mean of s(fake) (real counts)
+                    s = mb.muon_mask(
+                        self.critic.muon_scores(fake, mb.cond, fake_counts, mb.event_index)
+                    )
             g = generator_loss(d_fake.float(), n_events=mb.n_events)
             m = m.float()
             loss = g + self.optim_cfg.mult_weight * m
-            backward(loss * w)
-            g_sum = g_sum + g.detach() * w
+            weighted, g_part = loss * w, g.detach() * w
+            if self.muon_critic:
+                muon = s.float().sum() * -(self.optim_cfg.muon_critic_weight * mb.muon_scale)
+                weighted = weighted + muon
+                g_part = g_part + muon.detach()
+            backward(weighted)
+            g_sum = g_sum + g_part
             m_sum = m_sum + m.detach() * w
-            total_sum = total_sum + loss.detach() * w
+            total_sum = total_sum + weighted.detach()
         return g_sum, m_sum, total_sum
 
     # ------------------------------------------------------------------ shards
@@ -435,7 +502,8 @@ class GanStep:
         total = sum(m.n_events - padded for m in micro)
         cap = self.optim_cfg.gp_max_pairs
         if self.shards == 1 or padded:
-            return [[(self._scored(m, cap, padded), (m.n_events - padded) / total) for m in micro]]
+            work = [[(self._scored(m, cap, padded), (m.n_events - padded) / total) for m in micro]]
+            return self._muon_scales(work, micro)
         work: list[Work] = [[] for _ in range(self.shards)]
         for m in micro:
             bounds = shard_bounds(m.counts, self.shards, min_cost=SHARD_MIN_COST)
@@ -452,6 +520,18 @@ class GanStep:
                     work[j].append((part, (b - a) / total))
         while len(work) > 1 and not work[-1]:
             work.pop()
+        return self._muon_scales(work, micro)
+
+    def _muon_scales(self, work: list[Work], micro: list[RaggedBatch]) -> list[Work]:
+        """``work`` with every part's per-muon critic weights set: 1 / the batch's muons,
+        and the share of them its penalty draws (``optim.muon_gp_rows``). A padded
+        microbatch's padding muons are in the count (a slightly smaller weight)."""
+        if self.muon_critic:
+            n = max(1, sum(m.n_muons for m in micro))
+            share = min(1.0, self.optim_cfg.muon_gp_rows / n)
+            for shard in work:
+                for mb, _ in shard:
+                    mb.muon_scale, mb.muon_gp_share = 1.0 / n, share
         return work
 
     @contextlib.contextmanager

@@ -258,3 +258,29 @@ def test_a_quality_sized_batch_is_cut_and_a_sparse_one_left_whole():
     sparse = RaggedBatch(many.conditions, many.muons[: int(counts.sum())], counts)
     assert work(sparse) < 2 * step_module.SHARD_MIN_COST
     assert len(step._shard_work([sparse])) == 1
+
+
+def test_a_sharded_step_with_the_muon_critic_makes_the_unsharded_update(small_shards, monkeypatch):
+    """model.muon_critic: its pooled mean over muons is the whole batch's in every shard
+    (each shard's part scaled by 1 / the batch's muons), so two shards make the unsharded
+    update (no noise, no penalty: its draws differ by shard)."""
+    monkeypatch.setattr(generator_module, "_noise", lambda shape, like, gen: like.new_zeros(shape))
+    batch = toy_batch(48, torch.Generator().manual_seed(5))
+    ocfg = OptimConfig(
+        optimizer="sgd", momentum=0.0, lr_generator=1.0, lr_critic=1.0, n_critic=2,
+        gp_lambda=0.0, grad_clip=0.0, warmup_steps=0, muon_critic_weight=2.0,
+    )  # fmt: skip
+
+    def run(shards):
+        gen, critic = small_models(
+            seed=2, lateral_rotate=False, multiplicity="round", muon_critic=[8]
+        )
+        step = GanStep(gen, critic, ocfg, TrainConfig(step_shards=shards), "cpu")
+        assert step.shards == shards
+        return step([batch]), params(gen) + params(critic)
+
+    (o2, p2), (o1, p1) = run(2), run(1)
+    for a, b in zip(p2, p1):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    for k in ("c_loss", "g_loss", "w_gap"):
+        torch.testing.assert_close(o2[k], o1[k], rtol=1e-4, atol=1e-5)

@@ -616,3 +616,71 @@ def test_a_step_runs_under_bf16_autocast(preset):
     assert int(out["skipped"]) == 0
     assert not same(before_g, params(gen)) and not same(before_c, params(critic))
     assert all(p.dtype == torch.float32 for p in gen.parameters())
+
+
+@pytest.mark.parametrize("critic", ["pointnet", "epic"])
+def test_the_muon_critic_adds_the_pooled_mean_over_muons(critic):
+    """model.muon_critic: the critic's update is that of mean_e (D(fake_e) - D(real_e))
+    plus weight * (sum s(fake muon) - sum s(real muon)) / (muons of the batch): every muon
+    counts alike, whatever its bundle; w_gap stays the set critic's."""
+    gen, crit = small_models(critic=critic, muon_critic=[8], critic_global_width=16)
+    batch = toy_batch(40, torch.Generator().manual_seed(3))
+    ocfg = OptimConfig(n_critic=1, gp_lambda=0.0, muon_critic_weight=0.7)
+    step = GanStep(gen, crit, ocfg, TrainConfig(), "cpu")
+    assert step.muon_critic
+    fake = batch.muons + 0.3
+    step._generate = lambda cond, c, n: fake
+    plain = copy.deepcopy(crit)
+    cond, counts = batch.conditions, batch.counts
+    ev = torch.repeat_interleave(torch.arange(40), counts)
+    d = plain(fake, cond, counts) - plain(batch.muons, cond, counts)
+    s_real = plain.muon_scores(plain.inputs(batch.muons), cond, counts, ev)
+    s_fake = plain.muon_scores(plain.inputs(fake), cond, counts, ev)
+    muon_term = 0.7 * (s_fake.sum() - s_real.sum()) / batch.n_muons
+    loss = d.mean() + muon_term
+    loss.backward()
+    before = params(crit)
+    step.opt_c = torch.optim.SGD(crit.parameters(), lr=1.0)
+    step._fused = False
+    out = step([batch])
+    torch.testing.assert_close(out["c_loss"], loss.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out["w_gap"], -d.mean().detach(), rtol=1e-5, atol=1e-6)
+    for p0, p1, ref in zip(before, params(crit), plain.parameters()):
+        torch.testing.assert_close(p0 - p1, ref.grad, rtol=1e-4, atol=1e-6)
+    assert plain.muon_critic.first.weight.grad.abs().sum() > 0
+
+
+def test_the_muon_critic_trains_with_its_penalty_and_moves_the_generator():
+    """With the penalty on, the per-muon critic's weights move and its term reaches the
+    generator: the same step with weight 0 makes another generator update."""
+
+    def run(weight):
+        gen, crit = small_models(seed=4, muon_critic=[8])
+        ocfg = OptimConfig(n_critic=2, gp_every=1, muon_critic_weight=weight, muon_gp_rows=16)
+        step = GanStep(gen, crit, ocfg, TrainConfig(seed=1), "cpu")
+        m0 = params(crit.muon_critic)
+        out = step(micro(seed=7))
+        for v in out.values():
+            assert torch.isfinite(v)
+        return out, m0, params(crit.muon_critic), params(gen)
+
+    out, m0, m1, g1 = run(1.0)
+    assert out["gp"] > 0 and not same(m0, m1)
+    _, _, _, g0 = run(0.0)
+    assert not all(torch.allclose(a, b) for a, b in zip(g0, g1))
+
+
+def test_the_muon_critic_needs_the_real_counts():
+    from muongen.config import Config, validate
+
+    cfg = Config()
+    cfg.model.muon_critic = [16]
+    cfg.train.fake_counts = "predicted"
+    with pytest.raises(ConfigError, match=r"model\.muon_critic"):
+        validate(cfg)
+    cfg.train.fake_counts, cfg.model.muon_critic = "real", [0]
+    with pytest.raises(ConfigError, match="positive widths"):
+        validate(cfg)
+    gen, crit = small_models(muon_critic=[8])
+    with pytest.raises(ConfigError, match="fake_counts"):
+        GanStep(gen, crit, OptimConfig(), TrainConfig(fake_counts="predicted"), "cpu")

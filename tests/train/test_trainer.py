@@ -52,6 +52,30 @@ def test_resume_in_process_equals_uninterrupted_run(tiny_config, tmp_path):
     assert len(np.unique(keys_part)) == len(keys_part)  # none twice
 
 
+def test_a_run_with_the_muon_critic_resumes_exactly(tiny_config, tmp_path):
+    """model.muon_critic: its weights and optimizer moments travel in the checkpoint (the
+    resumed run ends on the uninterrupted run's weights, the per-muon critic's included),
+    and a checkpoint made without it is refused, naming the setting."""
+    from muongen.errors import CheckpointError
+
+    def run(steps, folder):
+        return Trainer(tiny_config(train__max_steps=steps, model__muon_critic=[8]), folder)
+
+    assert run(12, tmp_path / "full").train() == 0
+    assert run(7, tmp_path / "part").train() == 0
+    resumed = run(12, tmp_path / "part")
+    assert resumed.resume("auto") is not None and resumed.train() == 0
+    full, part = (
+        ckpt.load(ckpt.find_latest(tmp_path / d / "checkpoints")) for d in ("full", "part")
+    )
+    assert any(k.startswith("muon_critic.") for k in full["critic"])
+    assert_same_weights(full["critic"], part["critic"])
+    assert_same_weights(full["generator"], part["generator"])
+    Trainer(tiny_config(train__max_steps=3), tmp_path / "plain").train()
+    with pytest.raises(CheckpointError, match="muon_critic"):
+        run(6, tmp_path / "plain").resume("auto")
+
+
 def test_a_sharded_run_resumes_exactly(tiny_config, tmp_path, monkeypatch):
     """With the step's shards on their threads (train.step_shards, here cutting even the
     tiny batches), an interrupted and resumed run ends on the very same weights: the
