@@ -130,10 +130,12 @@ EXP_NOISE_Z_MAX = 5.0
 def exp_noise(z: torch.Tensor) -> torch.Tensor:
     """N(0, 1) draws -> Exp(1) - 1 draws (mean 0, std 1): e = -log(Phi(-z)) - 1, with
     Phi(-z) = (1 - erf(z / sqrt 2)) / 2 and z clamped at :data:`EXP_NOISE_Z_MAX`. Only
-    erf and log: the same operations run in the sampler and in an exported graph."""
-    z = z.clamp(max=EXP_NOISE_Z_MAX)
-    tail = 0.5 * (1.0 - torch.erf(z * (1.0 / math.sqrt(2.0))))
-    return -torch.log(tail) - 1.0
+    erf and log: the same operations run in the sampler and in an exported graph. Computed
+    in fp32 whatever ``z``'s dtype: in bf16, 1 - erf(z / sqrt 2) is 0 from z ~ 2.7 (the
+    log's -inf made a bf16 step's losses NaN)."""
+    z32 = z.float().clamp(max=EXP_NOISE_Z_MAX)
+    tail = 0.5 * (1.0 - torch.erf(z32 * (1.0 / math.sqrt(2.0))))
+    return (-torch.log(tail) - 1.0).to(z.dtype)
 
 
 def with_exp_noise(z_local: torch.Tensor, n_exp: int) -> torch.Tensor:

@@ -130,6 +130,19 @@ def test_exp_noise_is_exponential_and_only_in_the_first_columns():
     assert torch.equal(with_exp_noise(z, 0), z)
 
 
+def test_exp_noise_is_finite_for_bf16_draws():
+    """Under bf16 (train.precision on CUDA, the noise drawn in that dtype) the map runs in
+    fp32: in bf16, 1 - erf(z / sqrt 2) rounds to 0 from z ~ 2.7 and its log made the step's
+    losses NaN. The result keeps the input's dtype and matches the fp32 map to bf16's
+    precision."""
+    from muongen.model.generator import exp_noise
+
+    grid = torch.linspace(-8, 8, 1001)
+    out = exp_noise(grid.bfloat16())
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), exp_noise(grid), rtol=1e-2, atol=1e-2)
+
+
 def test_generator_feeds_the_exponential_noise_to_its_local_net():
     """The same seed gives the same Gaussian draws; with local_exp_noise=2 the local net
     sees their first two columns mapped, which changes the muons (counts fixed)."""
