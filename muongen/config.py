@@ -270,6 +270,15 @@ class OptimConfig:
     muon_gp_rows: int = 4096
     """About this many muons of a batch (drawn uniformly with replacement, an alpha each)
     enter the per-muon critic's gradient penalty."""
+    quantile_match: float = 0.0
+    """Weight of the generator's quantile-matching term (0: off;
+    :mod:`muongen.model.quantile_match`): the scored events cut into
+    ``quantile_match_groups`` groups along a random direction of the condition drawn at
+    every step, and in each group the sorted fake muons compared with the sorted real ones,
+    feature by feature of the critic's inputs (the exact pooled W1, every muon alike,
+    divided by the batch's muons). Needs train.fake_counts = real."""
+    quantile_match_groups: int = 4
+    """Groups of events per step of ``quantile_match`` (about equal numbers of events)."""
     mult_weight: float = 1.0
     """Weight of the multiplicity loss in the generator loss (MSE for round, NLL for
     lognormal, BCE plus pinball loss for hurdle)."""
@@ -487,6 +496,8 @@ def validate(cfg: Config) -> None:
         ),
         ("optim.muon_critic_weight", cfg.optim.muon_critic_weight >= 0, "must be >= 0"),
         ("optim.muon_gp_rows", cfg.optim.muon_gp_rows >= 1, "must be >= 1"),
+        ("optim.quantile_match", cfg.optim.quantile_match >= 0, "must be >= 0 (0: off)"),
+        ("optim.quantile_match_groups", cfg.optim.quantile_match_groups >= 1, "must be >= 1"),
         (
             "model.muon_critic",
             all(w >= 1 for w in cfg.model.muon_critic),

@@ -46,7 +46,8 @@ class Scored:
     inputs: torch.Tensor | None = None
     gp_pairs: int = 0  # the penalty's pair cap for these events (0: all)
     padded: bool = False  # the last scored rows may be padding events (see above)
-    # the per-muon critic's (model.muon_critic) weight of one muon: 1 / the batch's muons
+    # the weight of one muon in the per-muon critic (model.muon_critic) and in quantile
+    # matching (optim.quantile_match): 1 / the batch's muons
     muon_scale: float = 0.0
     # the share of the batch's muons drawn for the per-muon critic's penalty
     muon_gp_share: float = 1.0

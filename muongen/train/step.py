@@ -68,6 +68,7 @@ from muongen.model.layers import use_onednn
 from muongen.model.losses import critic_loss, generator_loss, w_gap
 from muongen.model.muon_critic import muon_penalty
 from muongen.model.penalty import draw_pairs, gradient_penalty, pair_count
+from muongen.model.quantile_match import condition_groups, grouped_w1_sum
 from muongen.train import checkpoint as ckpt
 from muongen.train import compile_probe
 from muongen.train.compile_probe import c_compiler, compiles
@@ -168,6 +169,13 @@ class GanStep:
                 "model.muon_critic pairs each real muon with the fake muon in its place and "
                 f"needs train.fake_counts=real (got {train_cfg.fake_counts})"
             )
+        if optim_cfg.quantile_match > 0 and train_cfg.fake_counts != "real":
+            raise ConfigError(
+                "optim.quantile_match compares the real and the fake muons of the same events "
+                f"and needs train.fake_counts=real (got {train_cfg.fake_counts})"
+            )
+        #: the weight of the generator's quantile-matching term (optim.quantile_match)
+        self.quantile_match = optim_cfg.quantile_match
         factor = functools.partial(
             lr_factor,
             schedule=optim_cfg.schedule,
@@ -477,11 +485,29 @@ class GanStep:
                 muon = s.float().sum() * -(self.optim_cfg.muon_critic_weight * mb.muon_scale)
                 weighted = weighted + muon
                 g_part = g_part + muon.detach()
+            if self.quantile_match:
+                weighted = weighted + self._quantile_match(mb, fake, rng)
             backward(weighted)
             g_sum = g_sum + g_part
             m_sum = m_sum + m.detach() * w
             total_sum = total_sum + weighted.detach()
         return g_sum, m_sum, total_sum
+
+    def _quantile_match(
+        self, mb: Scored, fake: torch.Tensor, rng: torch.Generator | None
+    ) -> torch.Tensor:
+        """The quantile-matching term of one shard's events (:mod:`muongen.model.
+        quantile_match`): weight times the summed sorted distances / the batch's muons
+        (the shards' parts sum to the whole batch's mean over muons; a shard's groups are
+        cut among its own events)."""
+        groups = condition_groups(
+            self.critic.cond_norm(mb.cond), self.optim_cfg.quantile_match_groups, rng
+        )
+        keep = None
+        if mb.valid is not None:
+            keep = mb.valid.index_select(0, mb.event_index)
+        total = grouped_w1_sum(mb.inputs, fake, groups.index_select(0, mb.event_index), keep)
+        return total * (self.quantile_match * mb.muon_scale)
 
     # ------------------------------------------------------------------ shards
 
@@ -526,7 +552,7 @@ class GanStep:
         """``work`` with every part's per-muon critic weights set: 1 / the batch's muons,
         and the share of them its penalty draws (``optim.muon_gp_rows``). A padded
         microbatch's padding muons are in the count (a slightly smaller weight)."""
-        if self.muon_critic:
+        if self.muon_critic or self.quantile_match:
             n = max(1, sum(m.n_muons for m in micro))
             share = min(1.0, self.optim_cfg.muon_gp_rows / n)
             for shard in work:

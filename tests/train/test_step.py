@@ -684,3 +684,34 @@ def test_the_muon_critic_needs_the_real_counts():
     gen, crit = small_models(muon_critic=[8])
     with pytest.raises(ConfigError, match="fake_counts"):
         GanStep(gen, crit, OptimConfig(), TrainConfig(fake_counts="predicted"), "cpu")
+
+
+def test_quantile_matching_moves_the_generator_and_only_it():
+    """optim.quantile_match adds a generator term: the critic's update is unchanged, the
+    generator's differs from the same step without it; it needs the real counts."""
+
+    def run(weight, shards=1):
+        gen, crit = small_models(seed=4)
+        ocfg = OptimConfig(n_critic=1, gp_every=1, quantile_match=weight, quantile_match_groups=2)
+        step = GanStep(gen, crit, ocfg, TrainConfig(seed=1, step_shards=shards), "cpu")
+        torch.manual_seed(11)
+        out = step(micro(seed=7, b=64))
+        for v in out.values():
+            assert torch.isfinite(v)
+        return params(crit), params(gen)
+
+    c0, g0 = run(0.0)
+    c1, g1 = run(1.0)
+    assert same(c0, c1)
+    assert not all(torch.allclose(a, b) for a, b in zip(g0, g1))
+    gen, crit = small_models()
+    with pytest.raises(ConfigError, match="quantile_match"):
+        GanStep(
+            gen, crit, OptimConfig(quantile_match=1.0), TrainConfig(fake_counts="predicted"), "cpu"
+        )
+    from muongen.config import Config, validate
+
+    cfg = Config()
+    cfg.optim.quantile_match_groups = 0
+    with pytest.raises(ConfigError, match="quantile_match_groups"):
+        validate(cfg)
