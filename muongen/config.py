@@ -275,10 +275,15 @@ class OptimConfig:
     :mod:`muongen.model.quantile_match`): the scored events cut into
     ``quantile_match_groups`` groups along a random direction of the condition drawn at
     every step, and in each group the sorted fake muons compared with the sorted real ones,
-    feature by feature of the critic's inputs (the exact pooled W1, every muon alike,
-    divided by the batch's muons). Needs train.fake_counts = real."""
+    feature by feature of the critic's inputs (the exact pooled W1 of each group;
+    ``quantile_match_weigh`` says how the groups add up). Needs train.fake_counts = real."""
     quantile_match_groups: int = 4
-    """Groups of events per step of ``quantile_match`` (about equal numbers of events)."""
+    """Groups of events per step of ``quantile_match`` (about equal numbers of events),
+    cut along a random direction of the conditions and log(1 + N)."""
+    quantile_match_weigh: Literal["groups", "muons"] = "groups"
+    """How ``quantile_match`` weighs its groups: ``groups``: each group's W1 alike (a
+    group of small bundles counts as much as one of big bundles); ``muons``: every muon
+    alike (the richest bundles dominate, as in the pooled spectra)."""
     mult_weight: float = 1.0
     """Weight of the multiplicity loss in the generator loss (MSE for round, NLL for
     lognormal, BCE plus pinball loss for hurdle)."""

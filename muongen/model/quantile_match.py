@@ -29,65 +29,93 @@ import torch
 KEY_CLAMP = 100.0
 
 
+def event_features(cond: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """(B, C + 1) what the groups slice: the conditions and log(1 + N), each column
+    standardised over the batch (so a random direction weighs them alike)."""
+    x = torch.cat([cond.detach().float(), torch.log1p(counts.float()).unsqueeze(-1)], -1)
+    if x.shape[0] < 2:
+        return x
+    return (x - x.mean(0)) / (x.std(0) + 1e-6)
+
+
 def condition_groups(
-    cond: torch.Tensor, n_groups: int, generator: torch.Generator | None = None
+    features: torch.Tensor, n_groups: int, generator: torch.Generator | None = None
 ) -> torch.Tensor:
-    """(B,) the group of each event: its rank along a random direction of ``cond``.
+    """(B,) the group of each event: its rank along a random direction of ``features``.
 
     Args:
-        cond: (B, C) standardised conditions.
+        features: (B, C) the events' features (:func:`event_features`).
         n_groups: groups of about B / n_groups events each (1: one group).
         generator: the RNG of the direction (None: the global one).
 
     Returns:
         (B,) int64 in [0, n_groups).
     """
-    b = cond.shape[0]
+    b = features.shape[0]
     if n_groups <= 1 or b == 0:
-        return torch.zeros(b, dtype=torch.int64, device=cond.device)
+        return torch.zeros(b, dtype=torch.int64, device=features.device)
     kw = {} if generator is None else {"generator": generator}
-    direction = torch.randn(cond.shape[1], device=cond.device, dtype=torch.float32, **kw)
-    rank = torch.empty(b, dtype=torch.int64, device=cond.device)
-    order = torch.argsort(cond.detach().float() @ direction)
-    rank[order] = torch.arange(b, device=cond.device)
+    direction = torch.randn(features.shape[1], device=features.device, dtype=torch.float32, **kw)
+    rank = torch.empty(b, dtype=torch.int64, device=features.device)
+    order = torch.argsort(features.detach().float() @ direction)
+    rank[order] = torch.arange(b, device=features.device)
     return rank * n_groups // b
 
 
-def grouped_w1_sum(
+def grouped_w1(
     real: torch.Tensor,
     fake: torch.Tensor,
     muon_group: torch.Tensor,
+    n_groups: int,
     keep: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Sum over features and muons of |sorted fake - sorted real| within each group.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per group, the sum over its muons and the features of |sorted fake - sorted real|.
 
-    Divided by the muons, this is the sum over features of the pooled W1 distances,
-    each group weighted by its muons. Real and fake must hold the same number of muons
-    per group (true with the real counts: the same events, the same counts).
+    Divided by the group's muons this is the sum over features of the group's pooled W1
+    distances. Real and fake must hold the same number of muons per group (true with the
+    real counts: the same events, the same counts).
 
     Args:
         real: (N, F) real muons (no gradient needed).
         fake: (N, F) fake muons, the same events in the same layout.
-        muon_group: (N,) int64 the group of each muon's event.
+        muon_group: (N,) int64 in [0, n_groups), the group of each muon's event.
+        n_groups: the number of groups.
         keep: (N,) bool, muons that count (None: all); the others form a group of their
-            own (larger than every group) whose terms are dropped.
+            own (n_groups) whose terms are dropped.
 
     Returns:
-        0-d sum (float32), differentiable in ``fake``.
+        (n_groups,) sums (float32, differentiable in ``fake``) and (n_groups,) int64
+        muons per group.
     """
-    if real.shape[0] == 0:
-        return fake.sum() * 0.0
-    group = muon_group
-    if keep is not None:
-        group = torch.where(keep, group, group.max() + 1)
+    group = muon_group if keep is None else torch.where(keep, muon_group, n_groups)
     offset = (group.double() * (4.0 * KEY_CLAMP)).unsqueeze(-1)  # (N, 1)
 
     def ordered(x: torch.Tensor) -> torch.Tensor:
         key = offset + x.detach().double().clamp(-KEY_CLAMP, KEY_CLAMP)
         return torch.gather(x.float(), 0, torch.argsort(key, dim=0))
 
-    diff = (ordered(fake) - ordered(real)).abs()  # (N, F), row i: rank i of both
-    if keep is not None:
-        # the dropped group sorts last in both (the same rows, the same count)
-        diff = torch.where(torch.sort(group).values.unsqueeze(-1) <= muon_group.max(), diff, 0.0)
-    return diff.sum()
+    diff = (ordered(fake) - ordered(real)).abs().sum(-1)  # (N,), row i: rank i of both
+    sorted_group = torch.sort(group).values  # the group of each rank (both samples)
+    sums = diff.new_zeros(n_groups + 1).index_add_(0, sorted_group, diff)
+    muons = torch.bincount(sorted_group, minlength=n_groups + 1)
+    return sums[:n_groups], muons[:n_groups]
+
+
+def quantile_match_loss(
+    real: torch.Tensor,
+    fake: torch.Tensor,
+    muon_group: torch.Tensor,
+    n_groups: int,
+    keep: torch.Tensor | None = None,
+    weigh: str = "groups",
+) -> torch.Tensor:
+    """The term of one set of events: ``groups``: the mean over the groups with muons of
+    each group's summed W1 (every group alike, however few its muons); ``muons``: the sum
+    over all muons of the sorted distances / the muons (every muon alike: the richest
+    bundles dominate). 0-d, differentiable in ``fake``."""
+    sums, muons = grouped_w1(real, fake, muon_group, n_groups, keep)
+    if weigh == "muons":
+        return sums.sum() / muons.sum().clamp(min=1)
+    has = muons > 0
+    per_group = sums / muons.clamp(min=1)
+    return torch.where(has, per_group, 0.0).sum() / has.sum().clamp(min=1)

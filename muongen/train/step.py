@@ -68,7 +68,12 @@ from muongen.model.layers import use_onednn
 from muongen.model.losses import critic_loss, generator_loss, w_gap
 from muongen.model.muon_critic import muon_penalty
 from muongen.model.penalty import draw_pairs, gradient_penalty, pair_count
-from muongen.model.quantile_match import condition_groups, grouped_w1_sum
+from muongen.model.quantile_match import (
+    condition_groups,
+    event_features,
+    grouped_w1,
+    quantile_match_loss,
+)
 from muongen.train import checkpoint as ckpt
 from muongen.train import compile_probe
 from muongen.train.compile_probe import c_compiler, compiles
@@ -486,7 +491,7 @@ class GanStep:
                 weighted = weighted + muon
                 g_part = g_part + muon.detach()
             if self.quantile_match:
-                weighted = weighted + self._quantile_match(mb, fake, rng)
+                weighted = weighted + self._quantile_match(mb, fake, w, rng)
             backward(weighted)
             g_sum = g_sum + g_part
             m_sum = m_sum + m.detach() * w
@@ -494,20 +499,23 @@ class GanStep:
         return g_sum, m_sum, total_sum
 
     def _quantile_match(
-        self, mb: Scored, fake: torch.Tensor, rng: torch.Generator | None
+        self, mb: Scored, fake: torch.Tensor, w: float, rng: torch.Generator | None
     ) -> torch.Tensor:
         """The quantile-matching term of one shard's events (:mod:`muongen.model.
-        quantile_match`): weight times the summed sorted distances / the batch's muons
-        (the shards' parts sum to the whole batch's mean over muons; a shard's groups are
-        cut among its own events)."""
-        groups = condition_groups(
-            self.critic.cond_norm(mb.cond), self.optim_cfg.quantile_match_groups, rng
-        )
-        keep = None
-        if mb.valid is not None:
-            keep = mb.valid.index_select(0, mb.event_index)
-        total = grouped_w1_sum(mb.inputs, fake, groups.index_select(0, mb.event_index), keep)
-        return total * (self.quantile_match * mb.muon_scale)
+        quantile_match`), cut into groups among its own events along a direction of their
+        conditions and log(1 + N) drawn for this call: weight times, with
+        ``optim.quantile_match_weigh: groups``, the mean over the groups of their W1 sums,
+        times the shard's share ``w`` of the batch's events; with ``muons``, the sorted
+        distances summed / the batch's muons (the shards' parts sum to the batch's mean)."""
+        o = self.optim_cfg
+        groups = condition_groups(event_features(mb.cond, mb.counts), o.quantile_match_groups, rng)
+        keep = None if mb.valid is None else mb.valid.index_select(0, mb.event_index)
+        muon_group = groups.index_select(0, mb.event_index)
+        if o.quantile_match_weigh == "muons":
+            sums, _ = grouped_w1(mb.inputs, fake, muon_group, o.quantile_match_groups, keep)
+            return sums.sum() * (o.quantile_match * mb.muon_scale)
+        loss = quantile_match_loss(mb.inputs, fake, muon_group, o.quantile_match_groups, keep)
+        return loss * (o.quantile_match * w)
 
     # ------------------------------------------------------------------ shards
 

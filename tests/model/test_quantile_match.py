@@ -7,7 +7,18 @@ import pytest
 import torch
 from scipy.stats import wasserstein_distance
 
-from muongen.model.quantile_match import condition_groups, grouped_w1_sum
+from muongen.model.quantile_match import (
+    condition_groups,
+    event_features,
+    grouped_w1,
+    quantile_match_loss,
+)
+
+
+def grouped_w1_sum(real, fake, group, keep=None):
+    """The sum over the groups of :func:`grouped_w1`."""
+    sums, _ = grouped_w1(real, fake, group, int(group.max()) + 1 if len(group) else 1, keep)
+    return sums.sum()
 
 
 def _reference(real, fake, group, groups):
@@ -86,3 +97,29 @@ def test_groups_are_equal_slices_along_a_drawn_direction():
         assert proj[a == k].max() < proj[a == k + 1].min()
     assert torch.equal(condition_groups(cond, 1), torch.zeros(103, dtype=torch.int64))
     assert condition_groups(cond[:0], 4).shape == (0,)
+
+
+def test_the_two_weighings():
+    """groups: the mean of the groups' per-muon W1; muons: the pooled sum / all muons."""
+    g = torch.Generator().manual_seed(4)
+    group = torch.cat([torch.zeros(900, dtype=torch.int64), torch.ones(100, dtype=torch.int64)])
+    real = torch.randn(1000, 1, generator=g)
+    fake = torch.randn(1000, 1, generator=g)
+    fake[900:] += 1.0  # only the small group is off
+    sums, muons = grouped_w1(real, fake, group, 3)
+    assert muons.tolist() == [900, 100, 0] and sums[2] == 0
+    w = [wasserstein_distance(real[group == k, 0], fake[group == k, 0]) for k in (0, 1)]
+    by_groups = float(quantile_match_loss(real, fake, group, 3))
+    assert by_groups == pytest.approx((w[0] + w[1]) / 2, rel=1e-5)  # the empty group left out
+    by_muons = float(quantile_match_loss(real, fake, group, 3, weigh="muons"))
+    assert by_muons == pytest.approx((900 * w[0] + 100 * w[1]) / 1000, rel=1e-5)
+    assert by_groups > 2 * by_muons
+
+
+def test_event_features_standardise_the_conditions_and_the_log_count():
+    cond = torch.tensor([[1.0, 10.0], [2.0, 20.0], [3.0, 30.0]])
+    x = event_features(cond, torch.tensor([0, 9, 99]))
+    assert x.shape == (3, 3)
+    assert torch.allclose(x.mean(0), torch.zeros(3), atol=1e-6)
+    assert torch.allclose(x.std(0), torch.ones(3), atol=1e-4)
+    assert x[2, 2] > x[1, 2] > x[0, 2]
