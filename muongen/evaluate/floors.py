@@ -21,9 +21,10 @@ are a few percent of them. Two tail subsets therefore get every metric again, wi
 of their own, and a summary row each (:data:`TAILS`, :func:`tail_summary`):
 
 - ``top_energy_decade``: the events whose primary energy lies in the top decade present in
-  the held-out data, ``[10^(d-1), 10^d]`` GeV with ``d = ceil(log10 max E0)`` (e.g.
-  1e7-1e8 GeV for data up to 1e8 GeV). Chosen by the primary, so the same primaries in
-  every sample (the model's events are generated for them).
+  the held-out data: the decade below its highest primary energy, snapped to a whole
+  decade when that energy is near one (:func:`top_energy_decade`; 1e7-1e8 GeV for data up
+  to 1e8 GeV). Chosen by the primary, so the same primaries in every sample (the model's
+  events are generated for them).
 - ``rich_bundles``: the bundles of ``TAIL_MIN_MUONS`` (100) or more muons, chosen in each
   sample by its own counts: the reference half's 100+-muon events against the candidate's
   100+-muon events. (Choosing the candidate's events by the real counts of their primaries
@@ -62,16 +63,37 @@ FLOOR_REL_ERR_MAX = 0.25
 TAIL_MIN_MUONS = 100
 
 
-def top_energy_decade(real: EventSample) -> tuple[int, int]:
-    """(d - 1, d): the top decade of primary log10(E0/GeV) present in ``real``, d =
-    ceil(log10 max E0); its events are those with d - 1 <= log10 E0 <= d."""
+#: within this many dex of a whole decade's edge, the top decade is that whole decade
+DECADE_SNAP = 0.1
+
+
+def top_energy_decade(real: EventSample) -> tuple[float, float]:
+    """(lo, hi): the top decade of primary log10(E0/GeV) present in ``real``: the decade
+    below the highest energy, hi = log10 max E0, lo = hi - 1; where hi is within
+    :data:`DECADE_SNAP` of a whole number d, the whole decade (d - 1, max(d, hi)) (data up
+    to 1e8 GeV: 1e7-1e8; up to 1.1e8: 1e7-1.1e8; up to 1.5e8: 1.5e7-1.5e8, where the whole
+    decade 1e8-1e9 would hold a sliver of the events). Its events: lo <= log10 E0 <= hi."""
     log_e = real.condition("log10_energy")
-    d = int(np.ceil(np.max(log_e) - 1e-9)) if log_e.size else 0
-    return d - 1, d
+    if not log_e.size:
+        return -1.0, 0.0
+    hi = float(np.max(log_e))
+    d = round(hi)
+    if abs(hi - d) <= DECADE_SNAP:
+        return float(d - 1), max(float(d), hi)
+    return hi - 1.0, hi
 
 
-def _decade_label(lo: int, hi: int) -> str:
-    return f"1e{lo}-1e{hi} GeV"
+def _energy_label(log10_e: float) -> str:
+    """10^x GeV in short words: 7 -> 1e7, 7.18 -> 1.5e7."""
+    exp = int(np.floor(log10_e + 1e-9))
+    mant = round(10.0 ** (log10_e - exp), 1)
+    if mant >= 10.0:
+        exp, mant = exp + 1, 1.0
+    return f"{mant:g}e{exp}"
+
+
+def _decade_label(lo: float, hi: float) -> str:
+    return f"{_energy_label(lo)}-{_energy_label(hi)} GeV"
 
 
 def tail_selectors(real: EventSample) -> dict[str, tuple[str, Callable[[EventSample], np.ndarray]]]:

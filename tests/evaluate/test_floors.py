@@ -468,7 +468,7 @@ def _rich_sample(
     return EventSample.from_arrays(conditions, muons, counts)
 
 
-def test_top_energy_decade_is_the_decade_below_the_ceiling_of_the_highest_energy():
+def test_top_energy_decade_is_the_decade_below_the_highest_energy():
     from muongen.evaluate.floors import top_energy_decade
 
     def at(*e0):
@@ -478,8 +478,18 @@ def test_top_energy_decade_is_the_decade_below_the_ceiling_of_the_highest_energy
 
     assert top_energy_decade(at(1e4, 3e7, 9.9e7)) == (7, 8)
     assert top_energy_decade(at(1e4, 1e8)) == (7, 8)  # a decade's upper edge belongs to it
-    assert top_energy_decade(at(2e5, 10**5.3)) == (5, 6)
-    assert top_energy_decade(at(1.5e8)) == (8, 9)
+    lo, hi = top_energy_decade(at(1e4, 1.1e8))  # just past a whole decade: that decade
+    assert lo == 7 and hi == pytest.approx(np.log10(1.1e8))
+    # well inside a decade: the decade below the highest energy, never a sliver of one
+    assert top_energy_decade(at(1e4, 10**5.3)) == pytest.approx((4.3, 5.3), abs=1e-6)
+    assert top_energy_decade(at(1e4, 1.5e8)) == pytest.approx(
+        (np.log10(1.5e7), np.log10(1.5e8)), abs=1e-6
+    )
+    from muongen.evaluate.floors import _decade_label
+
+    assert _decade_label(7.0, 8.0) == "1e7-1e8 GeV"
+    assert _decade_label(np.log10(1.5e7), np.log10(1.5e8)) == "1.5e7-1.5e8 GeV"
+    assert _decade_label(7.0, np.log10(1.1e8)) == "1e7-1.1e8 GeV"
 
 
 def test_the_tail_rows_tell_apart_a_model_that_misses_only_the_richest_bundles():
