@@ -285,6 +285,11 @@ class OptimConfig:
     quantile_match_groups: int = 4
     """Groups of events per step of ``quantile_match`` (about equal numbers of events),
     cut along a random direction of the conditions and log(1 + N)."""
+    quantile_match_sizes: bool = False
+    """Cut each of ``quantile_match``'s groups again by bundle size (1, 2-9, 10-99, 100+
+    muons, the evaluation's classes), so that ranks are matched among bundles of one size
+    class only: in a group of mixed sizes a fake muon of a small bundle can take the rank
+    of a real muon of a big one and be pulled towards it."""
     quantile_match_weigh: Literal["groups", "muons"] = "groups"
     """How ``quantile_match`` weighs its groups: ``groups``: each group's W1 alike (a
     group of small bundles counts as much as one of big bundles); ``muons``: every muon

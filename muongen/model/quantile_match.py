@@ -29,6 +29,18 @@ import torch
 KEY_CLAMP = 100.0
 
 
+#: the bundle-size classes of ``optim.quantile_match_sizes`` (those of ``muongen
+#: evaluate``'s within-bundle metrics): 1, 2-9, 10-99, 100+ muons
+SIZE_EDGES = (2, 10, 100)
+
+
+def size_class(counts: torch.Tensor) -> torch.Tensor:
+    """(B,) int64 class of each bundle's size: 0 for 1 muon (or none), 1 for 2-9, 2 for
+    10-99, 3 for 100+ (:data:`SIZE_EDGES`)."""
+    edges = torch.tensor(SIZE_EDGES, dtype=counts.dtype, device=counts.device)
+    return torch.bucketize(counts, edges, right=True)
+
+
 def event_features(cond: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """(B, C + 1) what the groups slice: the conditions and log(1 + N), each column
     standardised over the batch (so a random direction weighs them alike)."""

@@ -69,10 +69,12 @@ from muongen.model.losses import critic_loss, generator_loss, w_gap
 from muongen.model.muon_critic import muon_penalty
 from muongen.model.penalty import draw_pairs, gradient_penalty, pair_count
 from muongen.model.quantile_match import (
+    SIZE_EDGES,
     condition_groups,
     event_features,
     grouped_w1,
     quantile_match_loss,
+    size_class,
 )
 from muongen.train import checkpoint as ckpt
 from muongen.train import compile_probe
@@ -508,13 +510,17 @@ class GanStep:
         times the shard's share ``w`` of the batch's events; with ``muons``, the sorted
         distances summed / the batch's muons (the shards' parts sum to the batch's mean)."""
         o = self.optim_cfg
-        groups = condition_groups(event_features(mb.cond, mb.counts), o.quantile_match_groups, rng)
+        n_groups = o.quantile_match_groups
+        groups = condition_groups(event_features(mb.cond, mb.counts), n_groups, rng)
+        if o.quantile_match_sizes:  # each slice cut again by bundle size
+            groups = groups * (len(SIZE_EDGES) + 1) + size_class(mb.counts)
+            n_groups *= len(SIZE_EDGES) + 1
         keep = None if mb.valid is None else mb.valid.index_select(0, mb.event_index)
         muon_group = groups.index_select(0, mb.event_index)
         if o.quantile_match_weigh == "muons":
-            sums, _ = grouped_w1(mb.inputs, fake, muon_group, o.quantile_match_groups, keep)
+            sums, _ = grouped_w1(mb.inputs, fake, muon_group, n_groups, keep)
             return sums.sum() * (o.quantile_match * mb.muon_scale)
-        loss = quantile_match_loss(mb.inputs, fake, muon_group, o.quantile_match_groups, keep)
+        loss = quantile_match_loss(mb.inputs, fake, muon_group, n_groups, keep)
         return loss * (o.quantile_match * w)
 
     # ------------------------------------------------------------------ shards

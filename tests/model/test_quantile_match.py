@@ -123,3 +123,10 @@ def test_event_features_standardise_the_conditions_and_the_log_count():
     assert torch.allclose(x.mean(0), torch.zeros(3), atol=1e-6)
     assert torch.allclose(x.std(0), torch.ones(3), atol=1e-4)
     assert x[2, 2] > x[1, 2] > x[0, 2]
+
+
+def test_size_classes_are_the_evaluations_multiplicity_bins():
+    from muongen.model.quantile_match import size_class
+
+    counts = torch.tensor([0, 1, 2, 9, 10, 99, 100, 5000])
+    assert size_class(counts).tolist() == [0, 0, 1, 1, 2, 2, 3, 3]

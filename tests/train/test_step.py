@@ -715,3 +715,23 @@ def test_quantile_matching_moves_the_generator_and_only_it():
     cfg.optim.quantile_match_groups = 0
     with pytest.raises(ConfigError, match="quantile_match_groups"):
         validate(cfg)
+
+
+def test_quantile_matching_by_bundle_size_changes_the_update():
+    """optim.quantile_match_sizes cuts the groups by bundle size: another generator update
+    than the same step without it, finite, both weighings."""
+
+    def run(sizes, weigh):
+        gen, crit = small_models(seed=4)
+        ocfg = OptimConfig(
+            n_critic=1, quantile_match=1.0, quantile_match_sizes=sizes, quantile_match_weigh=weigh
+        )
+        step = GanStep(gen, crit, ocfg, TrainConfig(seed=1, step_shards=1), "cpu")
+        torch.manual_seed(11)
+        out = step(micro(seed=7, b=64))
+        assert all(torch.isfinite(v) for v in out.values())
+        return params(gen)
+
+    for weigh in ("groups", "muons"):
+        a, b = run(False, weigh), run(True, weigh)
+        assert not all(torch.allclose(x, y) for x, y in zip(a, b))
