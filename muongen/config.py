@@ -290,10 +290,11 @@ class OptimConfig:
     muons, the evaluation's classes), so that ranks are matched among bundles of one size
     class only: in a group of mixed sizes a fake muon of a small bundle can take the rank
     of a real muon of a big one and be pulled towards it."""
-    quantile_match_weigh: Literal["groups", "muons"] = "groups"
-    """How ``quantile_match`` weighs its groups: ``groups``: each group's W1 alike (a
-    group of small bundles counts as much as one of big bundles); ``muons``: every muon
-    alike (the richest bundles dominate, as in the pooled spectra)."""
+    quantile_match_weigh: Literal["muons", "groups"] = "muons"
+    """How ``quantile_match`` weighs its groups: ``muons``: every muon alike (the richest
+    bundles dominate, as in the pooled spectra; the better of the two on issue 52's rich
+    physics); ``groups``: each group's W1 alike (a group of small bundles counts as much as
+    one of big bundles)."""
     mult_weight: float = 1.0
     """Weight of the multiplicity loss in the generator loss (MSE for round, NLL for
     lognormal, BCE plus pinball loss for hurdle)."""

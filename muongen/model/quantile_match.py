@@ -119,7 +119,7 @@ def quantile_match_loss(
     muon_group: torch.Tensor,
     n_groups: int,
     keep: torch.Tensor | None = None,
-    weigh: str = "groups",
+    weigh: str = "muons",
 ) -> torch.Tensor:
     """The term of one set of events: ``groups``: the mean over the groups with muons of
     each group's summed W1 (every group alike, however few its muons); ``muons``: the sum
