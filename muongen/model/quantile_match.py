@@ -109,8 +109,18 @@ def grouped_w1(
     diff = (ordered(fake) - ordered(real)).abs().sum(-1)  # (N,), row i: rank i of both
     sorted_group = torch.sort(group).values  # the group of each rank (both samples)
     sums = diff.new_zeros(n_groups + 1).index_add_(0, sorted_group, diff)
-    muons = torch.bincount(sorted_group, minlength=n_groups + 1)
+    # index_add, not bincount: bincount reads the largest group back (a sync on a GPU)
+    muons = torch.zeros(n_groups + 1, dtype=torch.int64, device=group.device)
+    muons.index_add_(0, sorted_group, torch.ones_like(sorted_group))
     return sums[:n_groups], muons[:n_groups]
+
+
+def mean_over_groups(sums: torch.Tensor, muons: torch.Tensor) -> torch.Tensor:
+    """The mean over the groups with muons of each group's per-muon distance
+    (:func:`grouped_w1`'s outputs): every group alike, however few its muons."""
+    has = muons > 0
+    per_group = sums / muons.clamp(min=1)
+    return torch.where(has, per_group, 0.0).sum() / has.sum().clamp(min=1)
 
 
 def quantile_match_loss(
@@ -128,6 +138,4 @@ def quantile_match_loss(
     sums, muons = grouped_w1(real, fake, muon_group, n_groups, keep)
     if weigh == "muons":
         return sums.sum() / muons.sum().clamp(min=1)
-    has = muons > 0
-    per_group = sums / muons.clamp(min=1)
-    return torch.where(has, per_group, 0.0).sum() / has.sum().clamp(min=1)
+    return mean_over_groups(sums, muons)

@@ -73,7 +73,7 @@ from muongen.model.quantile_match import (
     condition_groups,
     event_features,
     grouped_w1,
-    quantile_match_loss,
+    mean_over_groups,
     size_class,
 )
 from muongen.train import checkpoint as ckpt
@@ -517,11 +517,10 @@ class GanStep:
             n_groups *= len(SIZE_EDGES) + 1
         keep = None if mb.valid is None else mb.valid.index_select(0, mb.event_index)
         muon_group = groups.index_select(0, mb.event_index)
+        sums, muons = grouped_w1(mb.inputs, fake, muon_group, n_groups, keep)
         if o.quantile_match_weigh == "muons":
-            sums, _ = grouped_w1(mb.inputs, fake, muon_group, n_groups, keep)
             return sums.sum() * (o.quantile_match * mb.muon_scale)
-        loss = quantile_match_loss(mb.inputs, fake, muon_group, n_groups, keep)
-        return loss * (o.quantile_match * w)
+        return mean_over_groups(sums, muons) * (o.quantile_match * w)
 
     # ------------------------------------------------------------------ shards
 

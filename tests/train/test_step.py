@@ -735,3 +735,19 @@ def test_quantile_matching_by_bundle_size_changes_the_update():
     for weigh in ("groups", "muons"):
         a, b = run(False, weigh), run(True, weigh)
         assert not all(torch.allclose(x, y) for x, y in zip(a, b))
+
+
+def test_quantile_matching_weighs_groups_alike_when_asked():
+    """optim.quantile_match_weigh: groups gives the group mean (times the events' share),
+    muons the sum over the batch's muons: two updates that differ."""
+
+    def run(weigh):
+        gen, crit = small_models(seed=4)
+        ocfg = OptimConfig(n_critic=1, quantile_match=1.0, quantile_match_weigh=weigh)
+        step = GanStep(gen, crit, ocfg, TrainConfig(seed=1, step_shards=1), "cpu")
+        torch.manual_seed(11)
+        step(micro(seed=7, b=64))
+        return params(gen)
+
+    a, b = run("groups"), run("muons")
+    assert not all(torch.allclose(x, y) for x, y in zip(a, b))
