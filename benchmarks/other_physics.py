@@ -86,7 +86,20 @@ def generate(
     cos_zen = rng.uniform(np.cos(np.radians(ZENITH_MAX_DEG)), 1.0, n_showers)
     shower = np.repeat(np.arange(n_showers), ROWS_PER_SHOWER)[:n_rows]
     depth = rng.uniform(*DEPTH_RANGE_M, n_rows)
-    e0, mass, cos_zen = e0[shower], mass[shower], cos_zen[shower]
+    cond = np.column_stack([e0[shower], np.arccos(cos_zen[shower]), mass[shower], depth])
+    ids = (np.full(n_rows, major, np.uint64), shower.astype(np.uint64))
+    return bundles(cond, rng), ids
+
+
+def bundles(cond: np.ndarray, rng: np.random.Generator) -> RaggedBatch:
+    """The muons of this physics for given primaries ``cond`` (B, 4) [E0 GeV, zenith rad, A,
+    vertical depth m], one independent draw per row (the rows of one shower share only
+    their primary, as in :func:`generate`): a perfect generator of the physics, which
+    calibrates the evaluation's yardstick (``benchmarks/perfect_candidate.py``)."""
+    cond = np.asarray(cond, dtype=np.float64)
+    e0, mass, depth = cond[:, 0], cond[:, 2], cond[:, 3]
+    cos_zen = np.cos(cond[:, 1])
+    n_rows = len(cond)
 
     slant = ICE_DENSITY * depth / cos_zen  # m.w.e.
     e_th = _threshold(slant)
@@ -116,10 +129,8 @@ def generate(
     e_mu = np.maximum((e_surf + LOSS_EPS) * np.exp(-LOSS_B * slant[ev]) - LOSS_EPS, 1.0)
     phi = rng.uniform(0.0, 2.0 * np.pi, len(ev))
 
-    cond = np.column_stack([e0, np.arccos(cos_zen), mass, depth]).astype(np.float32)
     muons = np.column_stack([e_mu, r * np.sin(phi), r * np.cos(phi)]).astype(np.float32)
-    ids = (np.full(n_rows, major, np.uint64), shower.astype(np.uint64))
-    return RaggedBatch.from_numpy(cond, muons, counts), ids
+    return RaggedBatch.from_numpy(cond.astype(np.float32), muons, counts)
 
 
 def main() -> None:

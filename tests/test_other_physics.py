@@ -66,3 +66,50 @@ def test_primary_spectrum_follows_its_index(other_physics, index):
     g = 1.0 - index
     median = 1e4 * 1e4**0.5 if abs(g) < 1e-9 else ((1e4**g + 1e8**g) / 2) ** (1 / g)
     assert np.median(e) == pytest.approx(median, rel=0.02)
+
+
+def test_bundles_redraw_the_files_physics_for_read_back_primaries(other_physics, tmp_path):
+    """bundles() on the primaries read back from a written file (float32) draws the same
+    physics as the file: same muons per row and muon energies within their errors, and a
+    different draw than the file's own."""
+    expected, _ = other_physics.generate(20000, np.random.default_rng([7, 0]), 0, 1e4, 1.0)
+    cond = expected.conditions.numpy()
+    again = other_physics.bundles(cond, np.random.default_rng(8))
+    np.testing.assert_array_equal(again.conditions.numpy(), cond)
+    n0, n1 = expected.counts.numpy(), again.counts.numpy()
+    assert not np.array_equal(n0, n1)
+    # NB(2) x Poisson rows: the mean's error is ~ std / sqrt(rows)
+    err = np.hypot(n0.std(), n1.std()) / np.sqrt(len(n0))
+    assert abs(n0.mean() - n1.mean()) < 4 * err
+    assert np.mean(n0 > 0) == pytest.approx(np.mean(n1 > 0), abs=0.02)
+    e0, e1 = (np.log10(b.muons[:, 0].numpy()) for b in (expected, again))
+    assert e1.min() >= 0.0
+    np.testing.assert_allclose(
+        np.quantile(e1, [0.1, 0.5, 0.9]), np.quantile(e0, [0.1, 0.5, 0.9]), atol=0.05
+    )
+
+
+def test_perfect_candidate_scores_at_the_floor(other_physics, tmp_path, capsys):
+    """benchmarks/perfect_candidate.py scores the physics itself on a held-out file: its
+    median ratio to the floor is ~1 and it writes evaluate's metrics.json and report.md."""
+    import json
+
+    from muongen import schema
+    from muongen.data.writers import write_events
+
+    batch, ids = other_physics.generate(6000, np.random.default_rng([3, 0]), 0, 1e4, 1.0)
+    write_events(tmp_path / "held" / "0000000.parquet", batch, schema.FORMAT_V1, ids=ids)
+    spec = importlib.util.spec_from_file_location(
+        "perfect_candidate", SCRIPT.with_name("perfect_candidate.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "ev"
+    assert (
+        module.main(["--data", str(tmp_path / "held"), "--out", str(out), "--n-splits", "4"]) == 0
+    )
+    result = json.loads((out / "metrics.json").read_text())
+    assert 0.7 < result["summary"]["median_ratio"] < 1.3
+    assert result["split"]["model_draws"] == "per split"
+    assert (out / "report.md").read_text().startswith("# muongen evaluation")
+    assert "perfect generator over 1 seed(s): median" in capsys.readouterr().out
