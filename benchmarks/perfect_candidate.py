@@ -1,12 +1,15 @@
 """What a perfect generator scores on `muongen evaluate`'s yardstick, for a held-out file of
-`benchmarks/other_physics.py`.
+`benchmarks/other_physics.py` or of `muongen synth`.
 
     python benchmarks/other_physics.py --out heldA --files 1 --events-per-file 20000 \
         --seed 101 --e-min 1e4 --e-index 1
     python benchmarks/perfect_candidate.py --data heldA --out ev-perfect-heldA [--seeds 0,1,2]
+    muongen synth --out heldC --mix rich --files 1 --events-per-file 20000 --seed 201
+    python benchmarks/perfect_candidate.py --physics synth --data heldC --out ev-perfect-heldC
 
 The candidate is the physics itself: for the held-out primaries (as read back from the
-file) `other_physics.bundles` draws fresh muons, anew in every half split, exactly where
+file) `other_physics.bundles` (``--physics synth``: `muongen.data.synth.bundles`, any mix:
+the mixes differ only in their primaries) draws fresh muons, anew in every half split, exactly where
 `muongen evaluate` draws the model (same splits, bins, tail rows and W1). Its ratios are
 what no model can beat on that file: a held-out set's own fluctuation in a bin is not in
 the floor (two halves of the same set), so a perfect generator's worst binned ratio sits
@@ -32,7 +35,11 @@ from muongen.evaluate.floors import compare
 from muongen.evaluate.sample import read_inputs
 
 
-def _physics():
+def _physics(name: str):
+    if name == "synth":
+        from muongen.data import synth
+
+        return synth
     spec = importlib.util.spec_from_file_location(
         "other_physics", Path(__file__).with_name("other_physics.py")
     )
@@ -41,14 +48,14 @@ def _physics():
     return module
 
 
-def score(real_batch, seed: int, n_splits: int) -> dict:
+def score(real_batch, seed: int, n_splits: int, physics: str = "other") -> dict:
     """evaluate's result dict for the physics' own draws on ``real_batch``'s primaries."""
-    physics = _physics()
+    module = _physics(physics)
     conditions = real_batch.conditions.numpy().astype(np.float64)
     real = EventSample.from_batch(real_batch).with_groups(shower_groups(conditions))
 
     def sample(index: np.ndarray, rng: np.random.Generator) -> EventSample:
-        batch = physics.bundles(conditions[index], rng)
+        batch = module.bundles(conditions[index], rng)
         return EventSample.from_arrays(conditions[index], batch.muons.numpy(), batch.counts.numpy())
 
     def draw(index: np.ndarray, split: int) -> EventSample:
@@ -64,7 +71,7 @@ def score(real_batch, seed: int, n_splits: int) -> dict:
         redraw={"model": draw},
     )
     result["split"]["model_draws"] = "per split"
-    result["meta"] = {"checkpoint": "the physics itself (other_physics.bundles)", "seed": seed}
+    result["meta"] = {"checkpoint": f"the physics itself ({module.__name__}.bundles)", "seed": seed}
     return result
 
 
@@ -72,6 +79,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", nargs="+", required=True, help="held-out files or folders")
     ap.add_argument("--out", required=True, help="folder for metrics.json and report.md")
+    ap.add_argument(
+        "--physics",
+        choices=["other", "synth"],
+        default="other",
+        help="which physics wrote --data: benchmarks/other_physics.py (other) or muongen synth",
+    )
     ap.add_argument("--seeds", default="0", help="comma-separated evaluate seeds (0)")
     ap.add_argument("--n-splits", type=int, default=DEFAULT_SPLITS)
     ap.add_argument("--events", type=int, default=None, help="first N held-out rows (all)")
@@ -81,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{real_batch.n_events} held-out rows, {real_batch.n_muons} muons from {a.data}")
     medians, worsts = [], []
     for seed in seeds:
-        result = score(real_batch, seed, a.n_splits)
+        result = score(real_batch, seed, a.n_splits, a.physics)
         out = Path(a.out) if len(seeds) == 1 else Path(a.out) / f"seed-{seed}"
         out.mkdir(parents=True, exist_ok=True)
         report.write_metrics_json(out / "metrics.json", result)

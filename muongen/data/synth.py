@@ -133,7 +133,20 @@ def generate(
         cos_zen = rng.uniform(np.cos(np.radians(m.zenith_max_deg)), 1.0, n_showers)
     shower = np.repeat(np.arange(n_showers), ROWS_PER_SHOWER)[:n_rows]  # (B,)
     depth = np.tile(schema.PRODUCTION_DEPTHS_M, n_showers)[:n_rows]
-    e0, mass, cos_zen = e0[shower], mass[shower], cos_zen[shower]
+    cond = np.column_stack([e0[shower], np.arccos(cos_zen[shower]), mass[shower], depth])
+    ids = (np.full(n_rows, major, np.uint64), shower.astype(np.uint64))
+    return bundles(cond, rng), ids
+
+
+def bundles(cond: np.ndarray, rng: np.random.Generator) -> RaggedBatch:
+    """The synthetic physics' muons for given primaries ``cond`` (B, 4) [E0 GeV, zenith rad,
+    A, vertical depth m], one independent draw per row (the rows of a shower share only
+    their primary, as in :func:`generate`): a perfect generator of this physics, which
+    calibrates the evaluation's yardstick (benchmarks/perfect_candidate.py)."""
+    cond = np.asarray(cond, dtype=np.float64)
+    e0, mass, depth = cond[:, 0], cond[:, 2], cond[:, 3]
+    cos_zen = np.cos(cond[:, 1])
+    n_rows = len(cond)
 
     mu = mean_multiplicity(e0, mass, cos_zen, depth) * rng.gamma(NB_SHAPE, 1.0 / NB_SHAPE, n_rows)
     counts = rng.poisson(mu).astype(np.int64)
@@ -150,10 +163,8 @@ def generate(
     r = np.hypot(r_core, 0.7 * np.sqrt(slant / 1000.0) * rng.standard_normal(len(ev)))
     phi = rng.uniform(0.0, 2.0 * np.pi, len(ev))
 
-    cond = np.column_stack([e0, np.arccos(cos_zen), mass, depth]).astype(np.float32)
     muons = np.column_stack([e_mu, r * np.sin(phi), r * np.cos(phi)]).astype(np.float32)
-    ids = (np.full(n_rows, major, np.uint64), shower.astype(np.uint64))
-    return RaggedBatch.from_numpy(cond, muons, counts), ids
+    return RaggedBatch.from_numpy(cond.astype(np.float32), muons, counts)
 
 
 def _blend_showers(

@@ -76,6 +76,26 @@ def test_synthetic_mixes_look_like_production():
     assert rich.counts.float().mean() > 5
 
 
+def test_bundles_redraw_the_physics_for_read_back_primaries(tmp_path):
+    """synth.bundles on a written file's primaries (read back, float32) draws the file's
+    physics anew: the same muons per row within errors, muon energies and radii with the
+    same quantiles, and a draw of its own."""
+    (path,) = synth.write_synthetic(tmp_path, files=1, events_per_file=20000, seed=4, mix="rich")
+    written = read_events(str(path))
+    cond = written.conditions.numpy()
+    again = synth.bundles(cond, np.random.default_rng(9))
+    np.testing.assert_array_equal(again.conditions.numpy(), cond)
+    n0, n1 = written.counts.numpy(), again.counts.numpy()
+    assert not np.array_equal(n0, n1)
+    assert abs(n0.mean() - n1.mean()) < 4 * np.hypot(n0.std(), n1.std()) / np.sqrt(len(n0))
+    q = [0.1, 0.5, 0.9]
+    m0, m1 = written.muons.numpy(), again.muons.numpy()
+    e0, e1 = np.log10(m0[:, 0]), np.log10(m1[:, 0])
+    np.testing.assert_allclose(np.quantile(e1, q), np.quantile(e0, q), atol=0.05)
+    r0, r1 = np.hypot(m0[:, 1], m0[:, 2]), np.hypot(m1[:, 1], m1[:, 2])
+    np.testing.assert_allclose(np.quantile(r1, q), np.quantile(r0, q), rtol=0.05)
+
+
 @pytest.mark.parametrize("mix, rich_share", [("broad", (0.6, 0.85)), ("wide", (0.17, 0.4))])
 def test_a_blend_draws_each_shower_from_one_mix(mix, rich_share):
     """A blend (broad: 2/3 rich; wide: 1/4 rich): every shower (100 rows, one per depth)
