@@ -383,10 +383,11 @@ def write_report(
         f"{split.get('floor_rel_err_max', 0.25):.0%}; else *pass* when ratio <= "
         f"{result.get('ratio_target', 3.0):g} and the model is no worse than the baseline, "
         "*no pass* when it is worse than the baseline within two standard errors (paired over "
-        "the splits), *FAIL* when the ratio is above the target or the model loses to the "
-        "baseline. *baseline below floor*: the baseline's ratio is below 1 by more than two "
-        "standard errors, so a second simulation would lose to it too (pooled per-muon "
-        "metrics that a few big bundles dominate: the baseline draws muons one by one). "
+        "the splits) or by more where the baseline is below the floor, *FAIL* when the ratio "
+        "is above the target or the model loses to the baseline. *baseline below floor*: the "
+        "baseline's ratio is below 1 by more than two standard errors, so a second "
+        "simulation would lose to it too (pooled per-muon metrics that a few big bundles "
+        "dominate: the baseline draws muons one by one). "
         "*Worst bin*: the condition bin where the metric's ratio is largest.",
         "",
         "## Summary",

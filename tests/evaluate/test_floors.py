@@ -369,18 +369,22 @@ def test_ratio_summary_counts_no_output_as_infinite():
     assert s["n_pass"] == 1 and s["n_FAIL"] == 2
 
 
-def test_a_baseline_below_the_floor_is_named_and_still_never_lost_to():
+def test_a_baseline_below_the_floor_is_named_and_losing_to_it_is_no_pass():
     """Where the baseline is closer to half A than half B is (ratio below 1 by more than two
-    standard errors), a model worse than it is still no pass or FAIL, and the comparison
-    says that the simulation itself would be worse too; not where the ratio's error
-    reaches 1, or where the model is not worse."""
+    standard errors), a model worse than it is no pass, not FAIL, however far: the
+    comparison says that the simulation itself would be worse too. Where the ratio's error
+    reaches 1 losing to it is a FAIL again; a model above the ratio target fails anyway; a
+    model that is not worse passes."""
     below = {**GOOD, "baseline": 0.6, "baseline_ratio": 0.6, "baseline_ratio_err": 0.1}
     e = {**below, "model_minus_baseline": 0.6, "model_minus_baseline_err": 0.1}
-    assert verdict(e, 3.0) == "FAIL; loses to baseline (baseline below floor)"
+    assert verdict(e, 3.0) == "no pass; loses to baseline (baseline below floor)"
+    assert verdict(e, 0.9).startswith("FAIL; loses")  # ratio 1.0 above a target of 0.9
     e["model_minus_baseline_err"] = 0.4
     assert verdict(e, 3.0) == "no pass; worse than baseline (within errors) (baseline below floor)"
     e = {**e, "baseline_ratio_err": 0.25}  # 0.6 + 2 x 0.25 > 1: not known to be below
     assert verdict(e, 3.0) == "no pass; worse than baseline (within errors)"
+    e["model_minus_baseline_err"] = 0.1
+    assert verdict(e, 3.0) == "FAIL; loses to baseline"
     e = {**below, "model_minus_baseline": -0.1, "model_minus_baseline_err": 0.1}
     assert verdict(e, 3.0) == "pass; ties baseline"
 
@@ -433,7 +437,7 @@ def test_the_headline_counts_where_the_model_is_worse_than_the_baseline():
             "depth": {
                 "bins": [
                     row("pass; beats baseline"),
-                    row("FAIL; loses to baseline (baseline below floor)"),
+                    row("no pass; loses to baseline (baseline below floor)"),
                     row("no pass; worse than baseline (within errors)"),
                     row("pass; ties baseline"),
                 ]
