@@ -22,3 +22,22 @@ def _torch_threads():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="session")
+def load_script():
+    """``load(relative_path)``: a script of the repository outside the package (benchmarks/),
+    imported from its path under the repository root."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+
+    def load(relative: str):
+        path = root / relative
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load

@@ -3,24 +3,17 @@ lateral sampler draws the parametrised density it claims."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from muongen.data.reader import read_events
 
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "other_physics.py"
-
 
 @pytest.fixture(scope="module")
-def other_physics():
-    spec = importlib.util.spec_from_file_location("other_physics", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def other_physics(load_script):
+    return load_script("benchmarks/other_physics.py")
 
 
 @pytest.mark.parametrize("alpha", [4.0, 6.5])
@@ -90,7 +83,9 @@ def test_bundles_redraw_the_files_physics_for_read_back_primaries(other_physics,
 
 
 @pytest.mark.parametrize("physics", ["other", "synth"])
-def test_perfect_candidate_scores_at_the_floor(other_physics, tmp_path, capsys, physics):
+def test_perfect_candidate_scores_at_the_floor(
+    other_physics, load_script, tmp_path, capsys, physics
+):
     """benchmarks/perfect_candidate.py scores a physics itself on a held-out file of it
     (other_physics.py's, or muongen synth's rich mix): its median ratio to the floor is ~1
     and it writes evaluate's metrics.json and report.md."""
@@ -105,11 +100,7 @@ def test_perfect_candidate_scores_at_the_floor(other_physics, tmp_path, capsys, 
         write_events(tmp_path / "held" / "0000000.parquet", batch, schema.FORMAT_V1, ids=ids)
     else:
         synth.write_synthetic(tmp_path / "held", files=1, events_per_file=6000, seed=3, mix="rich")
-    spec = importlib.util.spec_from_file_location(
-        "perfect_candidate", SCRIPT.with_name("perfect_candidate.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("benchmarks/perfect_candidate.py")
     out = tmp_path / "ev"
     argv = ["--physics", physics, "--data", str(tmp_path / "held"), "--out", str(out)]
     assert module.main([*argv, "--n-splits", "4"]) == 0

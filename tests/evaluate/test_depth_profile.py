@@ -3,22 +3,14 @@ script runs on a checkpoint and a held-out file."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 
-SCRIPT = Path(__file__).parents[2] / "benchmarks" / "depth_profile.py"
-
 
 @pytest.fixture(scope="module")
-def depth_profile():
-    spec = importlib.util.spec_from_file_location("depth_profile", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def depth_profile(load_script):
+    return load_script("benchmarks/depth_profile.py")
 
 
 def test_profile_means_quantiles_and_events_per_band(depth_profile):
