@@ -21,30 +21,10 @@ import sys
 import numpy as np
 import torch
 
-from muongen import schema
-from muongen.evaluate.sample import generate, read_inputs, representation_of
+from muongen.evaluate.sample import generate, read_inputs
 from muongen.inference import open_for_inference
 
 SIZES = ((2, 9), (10, 99), (100, None))
-
-
-def with_real_counts(generator, conditions: torch.Tensor, counts: torch.Tensor, seed: int):
-    """The generator's muons (physical, (N, 3)) for ``conditions`` with the real ``counts``."""
-    rng = torch.Generator().manual_seed(seed)
-    features = schema.condition_features(conditions)
-    representation = representation_of(generator)
-    was_training = generator.training
-    generator.eval()
-    muons = []
-    try:
-        with torch.no_grad():
-            for start in range(0, len(features), 4096):
-                part = slice(start, start + 4096)
-                feat = generator.generate_with_counts(features[part], counts[part], generator=rng)
-                muons.append(schema.muon_physical(feat.float(), representation, generator=rng))
-    finally:
-        generator.train(was_training)
-    return torch.cat(muons).numpy() if muons else np.zeros((0, schema.N_MUON), np.float32)
 
 
 def profile(depth: np.ndarray, muons: np.ndarray, counts: np.ndarray, edges: np.ndarray) -> dict:
@@ -83,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         "real": profile(depth, real.muons.numpy(), real.counts.numpy(), edges),
         "real N": profile(
             depth,
-            with_real_counts(model.generator, real.conditions, real.counts, a.seed),
+            generate(
+                model.generator, real.conditions, seed=a.seed, counts=real.counts
+            ).muons.numpy(),
             real.counts.numpy(),
             edges,
         ),

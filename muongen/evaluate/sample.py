@@ -151,8 +151,11 @@ def generate(
     device: torch.device | str | None = None,
     batch_events: int = 4096,
     seed: int = 0,
+    counts: torch.Tensor | None = None,
 ) -> RaggedBatch:
-    """Bundles for physical ``conditions`` (B, 4), generated ``batch_events`` at a time.
+    """Bundles for physical ``conditions`` (B, 4), generated ``batch_events`` at a time;
+    with ``counts`` (B,) the bundles hold those numbers of muons (the generator's muons
+    alone, without its multiplicity head).
 
     The noise comes from a private RNG seeded with ``seed`` (the global RNGs are not
     touched, so calling this during training changes nothing there), and the generator's
@@ -174,11 +177,18 @@ def generate(
     representation = representation_of(generator)
     was_training = generator.training
     generator.eval()
+    given = None if counts is None else torch.as_tensor(counts, dtype=torch.int64).reshape(-1)
     muons, counts = [], []
     try:
         for start in range(0, len(cond_all), max(batch_events, 1)):
             cond = cond_all[start : start + batch_events].to(device)
-            feat, n, _ = generator(schema.condition_features(cond), generator=rng)
+            if given is None:
+                feat, n, _ = generator(schema.condition_features(cond), generator=rng)
+            else:
+                n = given[start : start + batch_events].to(device)
+                feat = generator.generate_with_counts(
+                    schema.condition_features(cond), n, generator=rng
+                )
             phys = schema.muon_physical(feat.float(), representation, generator=rng)
             muons.append(phys.cpu())
             counts.append(n.cpu())

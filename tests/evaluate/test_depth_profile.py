@@ -31,12 +31,14 @@ def test_profile_means_quantiles_and_events_per_band(depth_profile):
 def test_real_counts_fix_the_rows_and_the_script_prints_every_size(
     depth_profile, tiny_checkpoint, held_out, capsys
 ):
-    from muongen.evaluate.sample import read_inputs
+    from muongen.evaluate.sample import generate, read_inputs
     from muongen.inference import open_for_inference
 
     real = read_inputs([str(held_out)])
     model = open_for_inference(str(tiny_checkpoint), torch.device("cpu"))
-    muons = depth_profile.with_real_counts(model.generator, real.conditions, real.counts, 0)
+    fixed = generate(model.generator, real.conditions, batch_events=256, counts=real.counts)
+    assert fixed.counts.tolist() == real.counts.tolist()
+    muons = fixed.muons.numpy()
     assert muons.shape == (int(real.counts.sum()), 3) and np.isfinite(muons).all()
     assert (muons[:, 0] > 0).all()
     assert (
