@@ -277,11 +277,11 @@ class OptimConfig:
     every step, and in each group the sorted fake muons compared with the sorted real ones,
     feature by feature of the critic's inputs (the exact pooled W1 of each group;
     ``quantile_match_weigh`` says how the groups add up). Needs train.fake_counts = real.
-    On issue 52's rich physics (2 seeds x 2 held-out sets, 1 with ``muons``, 4 groups): the pooled
-    muon energies 1.45x the floor on average against 1.80 and the 100+-muon bundles' worst
-    1.81 against 2.10, but the 10-99-muon bundles' energies worse and the worst ratio 3.05
-    against 2.73, so ``quality`` leaves it off (docs/fidelity.md, "Quantile matching").
-    Costs 9-15% of a rich CPU step."""
+    On issue 52's rich physics (2 seeds x 2 held-out sets; weight 1, ``muons``, 4 groups):
+    the pooled muon energies 1.45x the floor on average against 1.80 and the 100+-muon
+    bundles' worst 1.81 against 2.10, but the 10-99-muon bundles' energies worse and the
+    worst ratio 3.05 against 2.73, so ``quality`` leaves it off (docs/fidelity.md,
+    "Quantile matching"). Costs 9-15% of a rich CPU step."""
     quantile_match_groups: int = 4
     """Groups of events per step of ``quantile_match`` (about equal numbers of events),
     cut along a random direction of the conditions and log(1 + N)."""

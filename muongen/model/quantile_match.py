@@ -121,21 +121,3 @@ def mean_over_groups(sums: torch.Tensor, muons: torch.Tensor) -> torch.Tensor:
     has = muons > 0
     per_group = sums / muons.clamp(min=1)
     return torch.where(has, per_group, 0.0).sum() / has.sum().clamp(min=1)
-
-
-def quantile_match_loss(
-    real: torch.Tensor,
-    fake: torch.Tensor,
-    muon_group: torch.Tensor,
-    n_groups: int,
-    keep: torch.Tensor | None = None,
-    weigh: str = "muons",
-) -> torch.Tensor:
-    """The term of one set of events: ``groups``: the mean over the groups with muons of
-    each group's summed W1 (every group alike, however few its muons); ``muons``: the sum
-    over all muons of the sorted distances / the muons (every muon alike: the richest
-    bundles dominate). 0-d, differentiable in ``fake``."""
-    sums, muons = grouped_w1(real, fake, muon_group, n_groups, keep)
-    if weigh == "muons":
-        return sums.sum() / muons.sum().clamp(min=1)
-    return mean_over_groups(sums, muons)
