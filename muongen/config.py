@@ -298,17 +298,6 @@ class OptimConfig:
     bundles dominate, as in the pooled spectra; the better of the two on issue 52's rich
     physics); ``groups``: each group's W1 alike (a group of small bundles counts as much as
     one of big bundles)."""
-    quantile_match_distance: Literal["w1", "cramer"] = "w1"
-    """What ``quantile_match`` measures in each group: ``w1``, the sorted fake muons
-    against the sorted real ones (exact W1: each fake pulled by 1 towards the real value of
-    its rank); ``cramer``, the energy (Cramer) distance over pairs of muons of different
-    events, each fake pulled by 4 (F_real - F_fake) at its value
-    (:func:`muongen.model.quantile_match.energy_distance_pull`). The muons of a bundle
-    share its draw, so a group is a sample of ~events, and matching ranks narrows the
-    spread between bundles by ~1/sqrt(events); the energy distance without the pairs of
-    one bundle is unbiased. Its pull vanishes where the distributions agree and is small
-    near them (~0.01-0.1 for shifts of a few % of a feature's spread): it takes a weight
-    ~20x w1's for a comparable pull."""
     mult_weight: float = 1.0
     """Weight of the multiplicity loss in the generator loss (MSE for round, NLL for
     lognormal, BCE plus pinball loss for hurdle)."""

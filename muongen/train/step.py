@@ -71,7 +71,6 @@ from muongen.model.penalty import draw_pairs, gradient_penalty, pair_count
 from muongen.model.quantile_match import (
     SIZE_EDGES,
     condition_groups,
-    energy_distance_pull,
     event_features,
     grouped_w1,
     mean_over_groups,
@@ -518,17 +517,7 @@ class GanStep:
             n_groups *= len(SIZE_EDGES) + 1
         keep = None if mb.valid is None else mb.valid.index_select(0, mb.event_index)
         muon_group = groups.index_select(0, mb.event_index)
-        if o.quantile_match_distance == "cramer":
-            pull = energy_distance_pull(
-                mb.inputs, fake, muon_group, mb.event_index, mb.counts.shape[0], n_groups, keep
-            )
-            per_muon = (fake.float() * pull).sum(-1)  # its gradient: each muon's pull
-            group = muon_group if keep is None else torch.where(keep, muon_group, n_groups)
-            sums = per_muon.new_zeros(n_groups + 1).index_add_(0, group, per_muon)[:-1]
-            muons = torch.zeros(n_groups + 1, dtype=torch.int64, device=fake.device)
-            muons = muons.index_add_(0, group, torch.ones_like(group))[:-1]
-        else:
-            sums, muons = grouped_w1(mb.inputs, fake, muon_group, n_groups, keep)
+        sums, muons = grouped_w1(mb.inputs, fake, muon_group, n_groups, keep)
         if o.quantile_match_weigh == "muons":
             return sums.sum() * (o.quantile_match * mb.muon_scale)
         return mean_over_groups(sums, muons) * (o.quantile_match * w)

@@ -9,7 +9,6 @@ from scipy.stats import wasserstein_distance
 
 from muongen.model.quantile_match import (
     condition_groups,
-    energy_distance_pull,
     event_features,
     grouped_w1,
     mean_over_groups,
@@ -131,59 +130,3 @@ def test_size_classes_are_the_evaluations_multiplicity_bins():
 
     counts = torch.tensor([0, 1, 2, 9, 10, 99, 100, 5000])
     assert size_class(counts).tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
-
-
-def _pull_by_hand(real, fake, group, event, keep):
-    """energy_distance_pull by its definition: 4 (F_real - F_fake) at each fake value over
-    the kept muons of its group's other events."""
-    out = torch.zeros_like(fake)
-    for i in range(len(fake)):
-        others = keep & (group == group[i]) & (event != event[i])
-        if not keep[i] or not others.any():
-            continue
-        for j in range(fake.shape[1]):
-            below_real = (real[others, j] < fake[i, j]).float().mean()
-            below_fake = (fake[others, j] < fake[i, j]).float().mean()
-            out[i, j] = 4 * (below_real - below_fake)
-    return out
-
-
-def test_the_energy_distance_pull_is_its_definition():
-    g = torch.Generator().manual_seed(5)
-    counts = torch.tensor([3, 1, 4, 2, 5, 3, 1, 6])
-    event = torch.repeat_interleave(torch.arange(8), counts)
-    group = torch.tensor([0, 1, 0, 1, 0, 0, 2, 1])[event]
-    real, fake = torch.randn(len(event), 3, generator=g), torch.randn(len(event), 3, generator=g)
-    keep = event != 4
-    got = energy_distance_pull(real, fake, group, event, 8, 3, keep)
-    assert torch.allclose(got, _pull_by_hand(real, fake, group, event, keep), atol=1e-6)
-    assert got[event == 4].abs().sum() == 0  # not kept
-    assert got[event == 6].abs().sum() == 0  # alone in its group: no other event
-    # the same sample on both sides: no pull at all
-    assert energy_distance_pull(real, real, group, event, 8, 3).abs().max() == 0
-    assert energy_distance_pull(real[:0], fake[:0], group[:0], event[:0], 0, 3).shape == (0, 3)
-
-
-def test_the_energy_distance_over_other_events_is_unbiased_where_ranks_are_not():
-    """Bundles whose muons share a draw (a spread between bundles and one within): at the
-    true spread, the mean gradient of matching ranks on the between-bundle scale is > 0
-    (it narrows the spread), the energy distance's over other events is ~0."""
-    g = torch.Generator().manual_seed(6)
-    n_events, per_event, trials = 60, 20, 200
-    event = torch.repeat_interleave(torch.arange(n_events), per_event)
-    group = torch.zeros_like(event)
-    ranks, energy = [], []
-    for _ in range(trials):
-        between = torch.randn(n_events, generator=g)[event]
-        fake = (between + 0.7 * torch.randn(len(event), generator=g)).unsqueeze(-1)
-        real = (torch.randn(n_events, generator=g)[event] + 0.7 * torch.randn(len(event), generator=g))
-        real = real.unsqueeze(-1)
-        x = fake.clone().requires_grad_(True)
-        grouped_w1(real, x, group, 1)[0].sum().backward()
-        ranks.append(float((x.grad[:, 0] * between).mean()))
-        pull = energy_distance_pull(real, fake, group, event, n_events, 1)
-        energy.append(float((pull[:, 0] * between).mean()))
-    ranks_t, energy_t = torch.tensor(ranks), torch.tensor(energy)
-    err = lambda t: float(t.std()) / trials**0.5  # noqa: E731
-    assert float(ranks_t.mean()) > 3 * err(ranks_t)
-    assert abs(float(energy_t.mean())) < 3 * err(energy_t)

@@ -737,31 +737,6 @@ def test_quantile_matching_by_bundle_size_changes_the_update():
         assert not all(torch.allclose(x, y) for x, y in zip(a, b))
 
 
-def test_quantile_matching_by_the_energy_distance_changes_the_update():
-    """optim.quantile_match_distance: cramer pulls the fakes by the energy distance's
-    gradient: a finite generator update other than w1's, both weighings, and none at all
-    with the weight 0."""
-
-    def run(distance, weigh, weight=20.0):
-        gen, crit = small_models(seed=4)
-        ocfg = OptimConfig(
-            n_critic=1,
-            quantile_match=weight,
-            quantile_match_distance=distance,
-            quantile_match_weigh=weigh,
-        )
-        step = GanStep(gen, crit, ocfg, TrainConfig(seed=1, step_shards=1), "cpu")
-        torch.manual_seed(11)
-        out = step(micro(seed=7, b=64))
-        assert all(torch.isfinite(v) for v in out.values())
-        return params(gen)
-
-    for weigh in ("groups", "muons"):
-        a, b = run("w1", weigh), run("cramer", weigh)
-        assert not all(torch.allclose(x, y) for x, y in zip(a, b))
-    assert same(run("w1", "muons", 0.0), run("cramer", "muons", 0.0))
-
-
 def test_quantile_matching_weighs_groups_alike_when_asked():
     """optim.quantile_match_weigh: groups gives the group mean (times the events' share),
     muons the sum over the batch's muons: two updates that differ."""
