@@ -43,11 +43,47 @@ def test_real_counts_fix_the_rows_and_the_script_prints_every_size(
     assert (muons[:, 0] > 0).all()
     assert (
         depth_profile.main(
-            ["--checkpoint", str(tiny_checkpoint), "--data", str(held_out), "--bands", "3"]
+            [
+                "--checkpoint",
+                str(tiny_checkpoint),
+                "--data",
+                str(held_out),
+                "--bands",
+                "3",
+                "--by-energy",
+            ]
         )
         == 0
     )
     text = capsys.readouterr().out
+    assert "real N minus real" in text and text.count("E0 1e") >= 3
     for label in ("2-9 muons", "10-99 muons", "100+ muons"):
         assert label in text
     assert text.count("mean   real N") == 3 and text.count("events own N") == 3
+
+
+def test_energy_depth_shift_is_the_cells_mean_difference(depth_profile):
+    # two events of 10 muons: 1e6 GeV at 1100 m, 1e7 GeV at 1900 m; the fake's energies are
+    # 10x the real ones in the first, the same in the second
+    cond = np.array([[1e6, 0.0, 1.0, 1100.0], [1e7, 0.0, 1.0, 1900.0]])
+    counts = np.array([10, 10])
+    real = np.column_stack([np.full(20, 100.0), np.zeros(20), np.zeros(20)])
+    fake = real.copy()
+    fake[:10, 0] = 1000.0
+    shift, muons = depth_profile.energy_depth_shift(
+        cond,
+        real,
+        fake,
+        counts,
+        np.array([1000.0, 1500.0, 2000.0]),
+        np.array([6.0, 7.0, 8.0]),
+        min_muons=5,
+    )[(10, 99)]
+    assert muons.tolist() == [[10, 0], [0, 10]]
+    assert shift[0, 0] == pytest.approx(1.0) and shift[1, 1] == pytest.approx(0.0)
+    assert np.isnan(shift[0, 1]) and np.isnan(shift[1, 0])
+    # too few muons: no figure
+    shift, _ = depth_profile.energy_depth_shift(
+        cond, real, fake, counts, np.array([1000.0, 2000.0]), np.array([6.0, 8.0])
+    )[(10, 99)]
+    assert np.isnan(shift).all()
