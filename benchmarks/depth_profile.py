@@ -30,15 +30,29 @@ from muongen.inference import open_for_inference
 SIZES = ((2, 9), (10, 99), (100, None))
 
 
+def _label(lo: int, hi: int | None) -> str:
+    """A size class's name: 2-9, 100+."""
+    return f"{lo}+" if hi is None else f"{lo}-{hi}"
+
+
+def _in_size(n: np.ndarray, lo: int, hi: int | None) -> np.ndarray:
+    """Whether each count of ``n`` is in the size class [lo, hi] (hi None: no top)."""
+    return (n >= lo) & (n <= (np.inf if hi is None else hi))
+
+
+def _log10_energy(muons: np.ndarray) -> np.ndarray:
+    """(N,) log10 of the muons' energies (GeV, column 0), floored at 1e-6 GeV."""
+    return np.log10(np.clip(muons[:, 0], 1e-6, None))
+
+
 def profile(depth: np.ndarray, muons: np.ndarray, counts: np.ndarray, edges: np.ndarray) -> dict:
     """{(lo, hi): {"mean", "q10", "events"}}, each a list over the depth bands."""
     counts = np.asarray(counts, dtype=np.int64)
     d, n = np.repeat(depth, counts), np.repeat(counts, counts)
-    log_e = np.log10(np.clip(muons[:, 0], 1e-6, None))
+    log_e = _log10_energy(muons)
     out = {}
     for lo, hi in SIZES:
-        top = np.inf if hi is None else hi
-        size, rows = (n >= lo) & (n <= top), (counts >= lo) & (counts <= top)
+        size, rows = _in_size(n, lo, hi), _in_size(counts, lo, hi)
         means, q10s, events = [], [], []
         for a, b in itertools.pairwise(edges):
             sel = log_e[size & (d >= a) & (d < b)]
@@ -66,11 +80,10 @@ def energy_depth_shift(
     n = np.repeat(counts, counts)
     d = np.repeat(cond[:, 3].astype(np.float64), counts)
     e0 = np.repeat(np.log10(cond[:, 0].astype(np.float64)), counts)
-    log_real = np.log10(np.clip(real[:, 0], 1e-6, None))
-    log_fake = np.log10(np.clip(fake[:, 0], 1e-6, None))
+    log_real, log_fake = _log10_energy(real), _log10_energy(fake)
     out = {}
     for lo, hi in SIZES:
-        size = (n >= lo) & (n <= (np.inf if hi is None else hi))
+        size = _in_size(n, lo, hi)
         shift = np.full((len(decades) - 1, len(depth_edges) - 1), np.nan)
         muons = np.zeros(shift.shape, dtype=np.int64)
         for i, (a, b) in enumerate(itertools.pairwise(decades)):
@@ -115,8 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     bands = " ".join(f"{lo:>6.0f}-{hi:<5.0f}" for lo, hi in itertools.pairwise(edges))
     print(f"{model.source}: {real.n_events} rows of {', '.join(a.data)}; depth bands (m)")
     for lo, hi in SIZES:
-        label = f"{lo}+" if hi is None else f"{lo}-{hi}"
-        print(f"\n{label} muons {'':14s}{bands}")
+        print(f"\n{_label(lo, hi)} muons {'':14s}{bands}")
         for stat in ("mean", "q10", "events"):
             for name, prof in rows.items():
                 if stat == "events" and name == "real N":
@@ -136,8 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             " primary energy and depth band"
         )
         for (lo, hi), (shift, muons) in shifts.items():
-            label = f"{lo}+" if hi is None else f"{lo}-{hi}"
-            print(f"\n{label} muons {'':14s}{bands}")
+            print(f"\n{_label(lo, hi)} muons {'':14s}{bands}")
             for i, (a0, b0) in enumerate(itertools.pairwise(decades)):
                 cells = " ".join(
                     f"{'-':>12s}" if np.isnan(v) else f"{v:+.3f} {_thousands(m):>4s}".rjust(12)
