@@ -38,7 +38,11 @@ class DataConfig:
     showers from rich (2/3) and production (1/3), ~8 muons per row, 57% empty; wide =
     rich (1/4) and production (3/4), ~3.4 muons per row, 82% empty."""
     batch_events: int = 4096
-    """Events per training batch."""
+    """Events per training batch (see batch_muons)."""
+    batch_muons: int = 0
+    """Muons a batch should hold at most: a fresh run halves batch_events (at most twice)
+    while batch_events x the mean muons per row of its input files exceeds this, and its
+    checkpoints keep the decision (muongen/train/batch_size.py). 0: batch_events as it is."""
     max_muons_per_batch: int = 262144
     """Upper bound of sum(counts) per microbatch (bounds GPU memory); events never split."""
     max_muons_per_event: int = 20000
@@ -490,6 +494,7 @@ def validate(cfg: Config) -> None:
     """Cross-field checks; raises ConfigError naming the key."""
     checks = [
         ("data.batch_events", cfg.data.batch_events > 0, "must be > 0"),
+        ("data.batch_muons", cfg.data.batch_muons >= 0, "must be >= 0 (0: off)"),
         ("data.max_muons_per_batch", cfg.data.max_muons_per_batch > 0, "must be > 0"),
         ("data.max_muons_per_event", cfg.data.max_muons_per_event >= 0, "must be >= 0"),
         ("data.open_files", cfg.data.open_files >= 1, "must be >= 1"),

@@ -66,7 +66,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--batch",
         type=int,
         default=None,
-        help=f"events per batch ({DEFAULT_BATCH} for {DEFAULT_CONFIG}, else the preset's)",
+        help=f"events per batch ({DEFAULT_BATCH} for {DEFAULT_CONFIG}, else the preset's; "
+        "with --data, the preset's data.batch_muons applies as in training)",
     )
     parser.add_argument("--steps", type=int, default=10, help="timed steps (10)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (3)")
@@ -157,6 +158,17 @@ def synthetic_batch(n_events: int, mix: str = "production", seed: int = 0):
         -1,
     )
     return RaggedBatch(cond, muons, counts)
+
+
+def _events_for_files(paths: list[str], data_cfg) -> int:
+    """The events a training run on ``paths`` would batch (``data.batch_muons``)."""
+    from muongen.storage import expand_inputs
+    from muongen.train.batch_size import events_for_muons, mean_muons_per_event
+
+    mean, rows = mean_muons_per_event(expand_inputs(paths), data_cfg)
+    if not rows:
+        return data_cfg.batch_events
+    return events_for_muons(data_cfg.batch_events, data_cfg.batch_muons, mean)
 
 
 def batch_from_files(paths: list[str], n_events: int, representation: str = "xy"):
@@ -255,6 +267,8 @@ def run(args: argparse.Namespace) -> int:
     penalty = reference_gradient_penalty if args.reference_gp else gradient_penalty
     step = GanStep(generator, critic, cfg.optim, cfg.train, device, penalty_fn=penalty)
     n_events = cfg.data.batch_events
+    if args.data and args.batch is None and cfg.data.batch_muons > 0:
+        n_events = _events_for_files(args.data, cfg.data)  # as `muongen train` decides
     if args.data:
         batch = batch_from_files(args.data, n_events, cfg.model.representation)
         mix = "files"

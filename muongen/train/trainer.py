@@ -32,6 +32,7 @@ from muongen.domain import DomainTracker
 from muongen.errors import CheckpointError, InputFileError, TrainingError
 from muongen.monitor.tensorboard import run_log_dir
 from muongen.train import distributed as ddp
+from muongen.train.batch_size import MuonBatch
 from muongen.train.budget import StepBudget, fewest_over_ranks
 from muongen.train.checkpoint import UNWRITABLE, Checkpointer, unwritable
 from muongen.train.monitor import TrainingMonitor
@@ -138,6 +139,8 @@ class Trainer:
 
         self.files = self._input_files()
         self.data_fingerprint = files_digest(self.files)  # a cursor only fits the same list
+        # data.batch_muons: the batch's events from its files' muons (before the stream)
+        self.batch_size = MuonBatch(cfg.data, self.files)
         self._prefetcher = self._make_prefetcher()
         self.report, self.outliers = self._make_sinks()
 
@@ -168,6 +171,7 @@ class Trainer:
         self.add_part("optim", self.step_fn)
         self.add_part("trainer", self.counters)
         self.add_part("monitor", self.monitor)
+        self.add_part("batch_size", self.batch_size)  # before "data": its stream reads it
         self.add_part("data", PerRank(self.data, dist))
         self.add_part("rng", PerRank(RngState(lambda: self._noise_seed(self.step)), dist))
         self.add_part("audit", PerRank(self.audit, dist))

@@ -72,6 +72,13 @@ def test_a_preset_on_its_own_files(capsys, tiny_data):
     assert fig["batch"] == 96 and fig["muons"] == sum(b.n_muons for b in firsts)
     assert fig["n_critic"] == 3 and fig["gp_every"] == 1 and fig["gp_pairs"] == 2048
     assert fig["shards"] == 2 and fig["threads"] == 2
+    # data.batch_muons sizes the batch as training would: ~13 muons a row is over 200 at
+    # 96 and 48 events, and two halvings are the most
+    _, fig = _bench(
+        capsys, "--config", "quality", "--data", str(tiny_data),
+        "--set", "data.batch_events=96", "--set", "data.batch_muons=200",
+    )  # fmt: skip
+    assert fig["batch"] == 24
 
 
 def test_data_spanning_files_and_short_of_the_batch(capsys, tiny_data, caplog):
