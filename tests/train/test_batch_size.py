@@ -91,9 +91,7 @@ def test_the_part_decides_keeps_a_saved_decision_and_is_off_at_zero(tmp_path):
     assert cfg3.batch_events == 256 and part3.mean_muons is None
 
 
-def test_a_run_trains_on_the_decided_batch_and_its_resume_keeps_it(
-    tiny_config, tmp_path, caplog
-):
+def test_a_run_trains_on_the_decided_batch_and_its_resume_keeps_it(tiny_config, tmp_path, caplog):
     """A real run: its batches hold the decided events, its checkpoint's config says so,
     and a resume whose files alone would decide otherwise keeps the checkpoint's batch."""
     cfg = tiny_config(
