@@ -8,9 +8,9 @@ binned ratio to 1.5-1.8 on two held-out sets (2048-event runs in the same 30 min
 data (the quality preset's ``wide`` blend, ~3.6 muons a row) a 2048-event batch holds
 ~7000 muons and is cheap; there the preset keeps it.
 
-The rule. Before the first step of a fresh run, the rows of up to :data:`SAMPLE_FILES`
-input files spread over the list (the first :data:`SAMPLE_EVENTS` of each, with the
-stream's own filters: empty rows only with ``data.keep_empty``, none above
+The rule. When a run starts fresh (the trainer resets its parts), the rows of up to
+:data:`SAMPLE_FILES` input files spread over the list (the first :data:`SAMPLE_EVENTS`
+of each, with the stream's own filters: empty rows only with ``data.keep_empty``, none above
 ``data.max_muons_per_event``) give the mean muons per row ``m``. ``data.batch_events`` is
 halved while ``batch_events x m`` exceeds ``data.batch_muons``, down to a quarter of it
 at most (:data:`MAX_HALVINGS`; only one halving is measured). The decision is saved in
@@ -99,15 +99,14 @@ class MuonBatch:
 
     def __init__(self, data_cfg: DataConfig, files: list[str]) -> None:
         self.cfg = data_cfg
-        self.requested = data_cfg.batch_events
+        self.files = files
+        self.requested = self.decided = data_cfg.batch_events
         self.mean_muons: float | None = None
-        self.decided = self._from_data(files)
-        data_cfg.batch_events = self.decided
 
-    def _from_data(self, files: list[str]) -> int:
+    def _from_data(self) -> int:
         if self.cfg.batch_muons <= 0:
             return self.requested
-        mean, rows = mean_muons_per_event(files, self.cfg)
+        mean, rows = mean_muons_per_event(self.files, self.cfg)
         if not rows:
             return self.requested
         self.mean_muons = mean
@@ -118,31 +117,36 @@ class MuonBatch:
             self.cfg.batch_muons,
             mean,
             rows,
-            min(len(files), SAMPLE_FILES),
+            min(len(self.files), SAMPLE_FILES),
             events,
             events * mean,
             "" if events == self.requested else f", not data.batch_events={self.requested}",
         )
         return events
 
+    def _set(self, events: int) -> None:
+        self.decided = self.cfg.batch_events = events
+
     def state_dict(self) -> dict[str, Any]:
         return {"batch_events": self.decided, "mean_muons": self.mean_muons}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Keep the saved batch size (a resumed run, or the next range of a chain) while
-        ``data.batch_muons`` is on; with it 0, ``data.batch_events`` is what it says."""
+        ``data.batch_muons`` is on, without reading any file; with it 0,
+        ``data.batch_events`` is what it says."""
         saved = int(state.get("batch_events") or 0)
-        if self.cfg.batch_muons <= 0 or saved <= 0 or saved == self.decided:
+        if self.cfg.batch_muons <= 0 or saved <= 0:
             return
-        log.info(
-            "data.batch_events: %d events a batch, as the checkpoint's run decided "
-            "(data.batch_muons; these files alone would give %d)",
-            saved,
-            self.decided,
-        )
-        self.decided = saved
+        if saved != self.requested:
+            log.info(
+                "data.batch_events: %d events a batch, as the checkpoint's run decided "
+                "(data.batch_muons)",
+                saved,
+            )
         self.mean_muons = state.get("mean_muons")
-        self.cfg.batch_events = saved
+        self._set(saved)
 
     def reset(self) -> None:
-        """A fresh start keeps the decision made from this run's files."""
+        """A fresh start (or a checkpoint from before this part) decides from the files."""
+        self.mean_muons = None
+        self._set(self._from_data())

@@ -139,7 +139,8 @@ class Trainer:
 
         self.files = self._input_files()
         self.data_fingerprint = files_digest(self.files)  # a cursor only fits the same list
-        # data.batch_muons: the batch's events from its files' muons (before the stream)
+        # data.batch_muons: the batch's events from its files' muons, decided on a fresh
+        # start or restored (the stream reads data.batch_events when it iterates)
         self.batch_size = MuonBatch(cfg.data, self.files)
         self._prefetcher = self._make_prefetcher()
         self.report, self.outliers = self._make_sinks()

@@ -76,17 +76,20 @@ def test_the_part_decides_keeps_a_saved_decision_and_is_off_at_zero(tmp_path):
     sparse = _write(tmp_path / "sparse.parquet", [1] * 50)
     cfg = DataConfig(batch_events=256, batch_muons=4096)
     part = MuonBatch(cfg, [rich])  # 256 x 40 = 10240 > 4096, 128 x 40 too: 64
+    part.reset()  # a fresh start decides
     assert part.decided == 64 and cfg.batch_events == 64 and part.mean_muons == 40
     state = part.state_dict()
     # the next range of a chain, on sparse files, keeps the model's batch
     cfg2 = DataConfig(batch_events=256, batch_muons=4096)
     part2 = MuonBatch(cfg2, [sparse])
+    part2.reset()
     assert cfg2.batch_events == 256
     part2.load_state_dict(state)
     assert cfg2.batch_events == 64 and part2.state_dict()["batch_events"] == 64
     # batch_muons 0 on resume: data.batch_events is what it says
     cfg3 = DataConfig(batch_events=256, batch_muons=0)
     part3 = MuonBatch(cfg3, [rich])
+    part3.reset()
     part3.load_state_dict(state)
     assert cfg3.batch_events == 256 and part3.mean_muons is None
 
@@ -99,6 +102,7 @@ def test_a_run_trains_on_the_decided_batch_and_its_resume_keeps_it(tiny_config, 
     )
     with caplog.at_level(logging.INFO, logger="muongen.train.batch_size"):
         t = Trainer(cfg, tmp_path / "r")
+        t.resume(None)  # a fresh start decides
     mean = t.batch_size.mean_muons
     assert mean is not None and mean > 4  # the rich mix: 64 x mean > 64 twice over
     assert cfg.data.batch_events == 16 and "batches of 16 events" in caplog.text
@@ -112,6 +116,7 @@ def test_a_run_trains_on_the_decided_batch_and_its_resume_keeps_it(tiny_config, 
         data__batch_events=64, data__batch_muons=10**6, train__max_steps=5, optim__ema_decay=0
     )
     again = Trainer(cfg2, tmp_path / "r")
+    again.batch_size.reset()  # what these files alone give
     assert cfg2.data.batch_events == 64
     again.resume("auto")
     assert cfg2.data.batch_events == 16 and again.step == 3
