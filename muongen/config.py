@@ -120,14 +120,6 @@ class ModelConfig:
     seeds x 2 held-out sets, with ``local_exp_noise: 4``: pooled muon log10 E 1.73-1.84x the
     floor against 1.94-2.72 without either; ~22% more time a rich step; docs/fidelity.md,
     "The per-muon critic and the exponential noise")."""
-    muon_critic_relative: bool = False
-    """The per-muon critic (``model.muon_critic``) also sees each muon's standardised
-    log10 E, and with ``critic_log_radius`` its log radius, minus its own bundle's mean of
-    that column: where in its bundle's spread the muon sits, beside where it sits in the
-    pooled spectrum. Its WGAN term then compares the joint distribution of the two, so it
-    tells a wrong spread inside bundles from a wrong bundle scale (benchmarks/bundle_shape.py
-    splits a corner's miss the same way). The columns are computed per bundle before the
-    penalty's interpolation, so the penalty stays per muon (the columns are inputs)."""
     critic_log_radius: bool = False
     """xy representation: the critic also sees each muon's log distance to the axis,
     0.5 log(x^2 + y^2 + 0.03^2) in standardised units, as a fourth input, and the gradient
@@ -534,11 +526,6 @@ def validate(cfg: Config) -> None:
             "model.muon_critic",
             all(w >= 1 for w in cfg.model.muon_critic),
             "must hold positive widths (or be empty: no per-muon critic)",
-        ),
-        (
-            "model.muon_critic_relative",
-            not cfg.model.muon_critic_relative or bool(cfg.model.muon_critic),
-            "needs a per-muon critic: set model.muon_critic too (e.g. [32, 32])",
         ),
         ("checkpoint.keep_last", cfg.checkpoint.keep_last >= 1, "must be >= 1"),
     ]

@@ -48,29 +48,10 @@ class _SetCritic(nn.Module):
     def _setup_muon_critic(self, cfg: ModelConfig, n_features: int, n_cond: int) -> None:
         """Add the per-muon critic when ``model.muon_critic`` names its widths (made after
         the set critic's layers, so those draw the same initial weights as without it)."""
-        #: the input columns the per-muon critic also sees relative to their bundle's
-        #: mean (``model.muon_critic_relative``): log10 E and, if there, the log radius
-        self.muon_relative: list[int] = []
-        if cfg.muon_critic and cfg.muon_critic_relative:
-            self.muon_relative = [0] + ([self._log_radius_column] if self.log_radius else [])
         #: the per-muon critic (:mod:`muongen.model.muon_critic`), or None
         self.muon_critic = (
-            MuonCritic(n_features + len(self.muon_relative), n_cond, cfg.muon_critic)
-            if cfg.muon_critic
-            else None
+            MuonCritic(n_features, n_cond, cfg.muon_critic) if cfg.muon_critic else None
         )
-
-    def muon_inputs(
-        self, muons: torch.Tensor, counts: torch.Tensor, event_index: torch.Tensor
-    ) -> torch.Tensor:
-        """(N, F') muons mapped by :meth:`inputs` -> what :meth:`muon_scores` takes: with
-        ``model.muon_critic_relative`` each relative column minus its bundle's mean appended
-        (``counts`` (B,), ``event_index`` (N,) of whole bundles); else ``muons`` itself."""
-        if not self.muon_relative:
-            return muons
-        cols = muons[:, self.muon_relative]
-        means = segment_mean(cols, counts, event_index)
-        return torch.cat([muons, cols - rows_of(means, event_index)], dim=-1)
 
     def muon_scores(
         self,
@@ -79,9 +60,9 @@ class _SetCritic(nn.Module):
         counts: torch.Tensor,
         event_index: torch.Tensor,
     ) -> torch.Tensor:
-        """(N,) the per-muon critic's score of each muon: ``muons`` (N, F'') mapped by
-        :meth:`inputs` and :meth:`muon_inputs`, of the events ``event_index`` (N,) (any
-        order) with conditions ``cond`` (B, 4) and counts (B,)."""
+        """(N,) the per-muon critic's score of each muon: ``muons`` (N, F') mapped by
+        :meth:`inputs`, of the events ``event_index`` (N,) (any order) with conditions
+        ``cond`` (B, 4) and counts (B,)."""
         if self.muon_critic is None:
             raise ValueError("this critic has no per-muon critic (model.muon_critic is empty)")
         muons = self._with_energy_reference(muons, cond, event_index)
@@ -96,8 +77,6 @@ class _SetCritic(nn.Module):
         # :meth:`_with_energy_reference` appends in ``score`` (it needs the condition)
         per_nucleon = cfg.energy_reference == "per_nucleon"
         self.energy_norm = Standardiser(1) if per_nucleon else None
-        #: the log radius's column in :meth:`inputs`' output (with ``critic_log_radius``)
-        self._log_radius_column = schema.muon_feature_dim(cfg.representation)
         return schema.muon_feature_dim(cfg.representation) + int(self.log_radius) + per_nucleon
 
     def _with_energy_reference(

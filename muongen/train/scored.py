@@ -61,9 +61,6 @@ class Scored:
     # microbatch (GanStep._draw_pairs): k -> (its slots, the microbatch's count of terms)
     pairs: dict[int, tuple[torch.Tensor, int]] = field(init=False, default_factory=dict)
     _both: tuple[torch.Tensor, ...] | None = field(init=False, default=None, repr=False)
-    # the real muons as the per-muon critic takes them (Critic.muon_inputs), made once per
-    # step by GanStep._muon_rows
-    muon_real: torch.Tensor | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.event_index = event_index_of(self.counts, self.n_muons)

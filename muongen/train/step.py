@@ -415,20 +415,11 @@ class GanStep:
         s(fake) - sum of s(real)) / the batch's muons (:mod:`muongen.model.muon_critic`):
         its part of the pooled means over the whole batch. Real and fake are scored in one
         call, as the set critic scores them (the real counts)."""
-        real, fake = self._muon_rows(mb, fake)
         with self._autocast():
-            s = self.critic.muon_scores(torch.cat([real, fake]), *mb.both_sets())
+            s = self.critic.muon_scores(torch.cat([mb.inputs, fake]), *mb.both_sets())
         s_real, s_fake = (mb.muon_mask(t).float() for t in s.chunk(2))
         scale = self.optim_cfg.muon_critic_weight * mb.muon_scale
         return (s_fake.sum() - s_real.sum()) * scale
-
-    def _muon_rows(self, mb: Scored, fake: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The real and the fake muons (the real counts) as the per-muon critic takes them
-        (:meth:`Critic.muon_inputs`); the real ones are made once per step."""
-        if mb.muon_real is None:
-            with torch.no_grad():
-                mb.muon_real = self.critic.muon_inputs(mb.inputs, mb.counts, mb.event_index)
-        return mb.muon_real, self.critic.muon_inputs(fake, mb.counts, mb.event_index)
 
     def _muon_penalty(
         self, mb: Scored, fake: torch.Tensor, rng: torch.Generator | None
@@ -444,11 +435,10 @@ class GanStep:
         rows = torch.randint(0, n, (draws,), **kw)
         alpha = torch.rand((draws, 1), dtype=mb.inputs.dtype, **kw)
         cond, counts = mb.cond, mb.counts
-        real, fake = self._muon_rows(mb, fake)
         with self._autocast(enabled=self.amp_dtype is torch.bfloat16):
             terms = muon_penalty(
                 lambda x, e: self.critic.muon_scores(x, cond, counts, e),
-                real,
+                mb.inputs,
                 fake,
                 mb.event_index,
                 rows,
@@ -491,9 +481,8 @@ class GanStep:
                 fake = self.critic.inputs(fake)
                 d_fake = mb.mask(self._critic_fwd(fake, mb.cond, fake_counts, fake_index))
                 if self.muon_critic:  # - the pooled mean of s(fake) (real counts)
-                    _, rows = self._muon_rows(mb, fake)
                     s = mb.muon_mask(
-                        self.critic.muon_scores(rows, mb.cond, fake_counts, mb.event_index)
+                        self.critic.muon_scores(fake, mb.cond, fake_counts, mb.event_index)
                     )
             g = generator_loss(d_fake.float(), n_events=mb.n_events)
             m = m.float()

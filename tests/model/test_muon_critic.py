@@ -107,33 +107,3 @@ def test_it_sees_the_energy_per_nucleon_with_that_reference(ragged):
     assert crit.muon_critic.first.in_features == plain.muon_critic.first.in_features + 1
     cond, muons, counts, ev = _batch(ragged, seed=7)
     assert torch.isfinite(crit.muon_scores(crit.inputs(muons), cond, counts, ev)).all()
-
-
-@pytest.mark.parametrize("log_radius", [False, True])
-def test_relative_columns_are_each_muon_minus_its_bundles_mean(ragged, log_radius):
-    """model.muon_critic_relative: log10 E (and the log radius) minus the bundle's mean,
-    appended after the set critic's inputs; a shift of a whole bundle leaves them."""
-    kw = {"muon_critic": [8], "critic_log_radius": log_radius}
-    plain = EpicCritic(small_model_config(**kw))
-    crit = EpicCritic(small_model_config(**kw, muon_critic_relative=True))
-    extra = 1 + int(log_radius)
-    assert crit.muon_critic.first.in_features == plain.muon_critic.first.in_features + extra
-    cond, muons, counts, ev = _batch(ragged, seed=8)
-    x = crit.inputs(muons)
-    assert plain.muon_inputs(x, counts, ev) is x  # off: the inputs themselves
-    rows = crit.muon_inputs(x, counts, ev)
-    assert rows.shape == (x.shape[0], x.shape[1] + extra)
-    torch.testing.assert_close(rows[:, : x.shape[1]], x)
-    columns = [0, 3] if log_radius else [0]
-    for j, col in enumerate(columns):
-        for e in range(len(counts)):
-            mine = ev == e
-            if mine.any():
-                want = x[mine, col] - x[mine, col].mean()
-                torch.testing.assert_close(rows[mine, x.shape[1] + j], want)
-    shifted = x.clone()
-    shifted[ev == 0, 0] += 2.0  # the first bundle's energies all up: its relative column stays
-    torch.testing.assert_close(
-        crit.muon_inputs(shifted, counts, ev)[:, x.shape[1]], rows[:, x.shape[1]]
-    )
-    assert torch.isfinite(crit.muon_scores(rows, cond, counts, ev)).all()

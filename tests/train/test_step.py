@@ -618,23 +618,12 @@ def test_a_step_runs_under_bf16_autocast(preset):
     assert all(p.dtype == torch.float32 for p in gen.parameters())
 
 
-@pytest.mark.parametrize(
-    ("critic", "relative"), [("pointnet", False), ("epic", False), ("epic", True)]
-)
-def test_the_muon_critic_adds_the_pooled_mean_over_muons(critic, relative):
+@pytest.mark.parametrize("critic", ["pointnet", "epic"])
+def test_the_muon_critic_adds_the_pooled_mean_over_muons(critic):
     """model.muon_critic: the critic's update is that of mean_e (D(fake_e) - D(real_e))
     plus weight * (sum s(fake muon) - sum s(real muon)) / (muons of the batch): every muon
-    counts alike, whatever its bundle; w_gap stays the set critic's. With
-    model.muon_critic_relative the real and the fake muons are scored with their columns
-    relative to their own bundles."""
-    gen, crit = small_models(
-        critic=critic,
-        muon_critic=[8],
-        critic_global_width=16,
-        critic_log_radius=relative,
-        muon_critic_relative=relative,
-    )
-    assert len(crit.muon_relative) == 2 * relative
+    counts alike, whatever its bundle; w_gap stays the set critic's."""
+    gen, crit = small_models(critic=critic, muon_critic=[8], critic_global_width=16)
     batch = toy_batch(40, torch.Generator().manual_seed(3))
     ocfg = OptimConfig(n_critic=1, gp_lambda=0.0, muon_critic_weight=0.7)
     step = GanStep(gen, crit, ocfg, TrainConfig(), "cpu")
@@ -645,10 +634,8 @@ def test_the_muon_critic_adds_the_pooled_mean_over_muons(critic, relative):
     cond, counts = batch.conditions, batch.counts
     ev = torch.repeat_interleave(torch.arange(40), counts)
     d = plain(fake, cond, counts) - plain(batch.muons, cond, counts)
-    s_real, s_fake = (
-        plain.muon_scores(plain.muon_inputs(plain.inputs(m), counts, ev), cond, counts, ev)
-        for m in (batch.muons, fake)
-    )
+    s_real = plain.muon_scores(plain.inputs(batch.muons), cond, counts, ev)
+    s_fake = plain.muon_scores(plain.inputs(fake), cond, counts, ev)
     muon_term = 0.7 * (s_fake.sum() - s_real.sum()) / batch.n_muons
     loss = d.mean() + muon_term
     loss.backward()
@@ -663,14 +650,12 @@ def test_the_muon_critic_adds_the_pooled_mean_over_muons(critic, relative):
     assert plain.muon_critic.first.weight.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("relative", [False, True])
-def test_the_muon_critic_trains_with_its_penalty_and_moves_the_generator(relative):
+def test_the_muon_critic_trains_with_its_penalty_and_moves_the_generator():
     """With the penalty on, the per-muon critic's weights move and its term reaches the
-    generator: the same step with weight 0 makes another generator update (also with the
-    columns relative to the bundle, whose means the fakes' gradient flows through)."""
+    generator: the same step with weight 0 makes another generator update."""
 
     def run(weight):
-        gen, crit = small_models(seed=4, muon_critic=[8], muon_critic_relative=relative)
+        gen, crit = small_models(seed=4, muon_critic=[8])
         ocfg = OptimConfig(n_critic=2, gp_every=1, muon_critic_weight=weight, muon_gp_rows=16)
         step = GanStep(gen, crit, ocfg, TrainConfig(seed=1), "cpu")
         m0 = params(crit.muon_critic)
@@ -695,9 +680,6 @@ def test_the_muon_critic_needs_the_real_counts():
         validate(cfg)
     cfg.train.fake_counts, cfg.model.muon_critic = "real", [0]
     with pytest.raises(ConfigError, match="positive widths"):
-        validate(cfg)
-    cfg.model.muon_critic, cfg.model.muon_critic_relative = [], True
-    with pytest.raises(ConfigError, match=r"muon_critic_relative needs a per-muon critic"):
         validate(cfg)
     gen, crit = small_models(muon_critic=[8])
     with pytest.raises(ConfigError, match="fake_counts"):
