@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from muongen import __version__, schema
-from muongen.errors import CheckpointError
+from muongen.errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -307,6 +307,24 @@ def verify(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
             "use an earlier checkpoint"
         )
     return pt, meta
+
+
+def config_of(payload: dict[str, Any], where: str | os.PathLike) -> Any:
+    """The :class:`muongen.config.Config` a checkpoint ``payload`` was trained with.
+
+    A config that this muongen cannot read (a key it does not know, from a newer or an
+    experimental muongen, or a value it rejects) raises a CheckpointError that names the
+    checkpoint ``where`` and the muongen that wrote it."""
+    from muongen.config import from_dict  # config imports this module
+
+    try:
+        return from_dict(payload.get("config") or {})
+    except ConfigError as exc:
+        wrote = payload.get("muongen_version", "an unknown version")
+        raise CheckpointError(
+            f"{where}: its config does not load in muongen {__version__} (the checkpoint was "
+            f"written by muongen {wrote}): {exc}. Open it with the muongen that wrote it"
+        ) from None
 
 
 def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:

@@ -98,13 +98,11 @@ def _preset(config: dict[str, Any]) -> dict[str, Any]:
 def inspect_checkpoint(source: str) -> dict[str, Any]:
     """Summary of a checkpoint as JSON-able values (see the module doc); its .pt is
     verified against the manifest's size and sha256 (CheckpointError if it fails)."""
-    from muongen.config import from_dict
-
     manifest = _resolve(source)
     payload = ckpt.load(manifest)  # verifies size and sha256 first
     meta = ckpt.read_manifest(manifest)
     config = payload.get("config") or {}
-    cfg = from_dict(config)
+    cfg = ckpt.config_of(payload, manifest)
     counters = payload.get("trainer") or {}
     best = payload.get("best") or {}
     domain = payload.get("domain")

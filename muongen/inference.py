@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from muongen.checkpoint import load, load_module, read_manifest, resolve
+from muongen.checkpoint import config_of, load, load_module, read_manifest, resolve
 
 
 @dataclass
@@ -56,14 +56,13 @@ def open_for_inference(path: str | os.PathLike, device: str | torch.device = "cp
     training domain. The generator carries the checkpoint's weight average
     (``optim.ema_decay``) when it has one, else the trained weights; it is in eval mode on
     ``device``."""
-    from muongen.config import from_dict
     from muongen.model import build_models
     from muongen.model.ema import inference_weights
 
     source = str(path)
     manifest = resolve(local_copy(source))
     payload = load(manifest)
-    cfg = from_dict(payload["config"])
+    cfg = config_of(payload, manifest)
     generator, _ = build_models(cfg.model)
     weights, what = inference_weights(payload)
     load_module(generator, weights, what, manifest)

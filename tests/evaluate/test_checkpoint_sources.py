@@ -138,6 +138,35 @@ def test_inspect_refuses_a_damaged_checkpoint_in_one_line(trained_like, capsys):
     assert "truncated" in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize("command", ["inspect", "evaluate"])
+def test_a_config_key_this_muongen_lacks_names_the_checkpoint(tmp_path, held_out, command, capsys):
+    """A checkpoint whose config holds a key this muongen does not know (written by a newer
+    or an experimental muongen) is refused in one line that names the checkpoint and the
+    muongen that wrote it, not as a bare "unknown config key"."""
+    cfg = load_config(None, TINY_MODEL).to_dict()
+    cfg["model"]["a_newer_option"] = False
+    state = {
+        "config": cfg,
+        "generator": _tiny_generator(load_config(None, TINY_MODEL)).state_dict(),
+    }
+    saved = checkpoint.save(state, tmp_path / "ckpt", "newer", step=3)
+    args = {"inspect": [], "evaluate": ["--data", str(held_out), "--out", str(tmp_path / "ev")]}
+    assert (
+        main(
+            [
+                command,
+                *(["--checkpoint"] if command == "evaluate" else []),
+                str(saved.manifest),
+                *args[command],
+            ]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err.strip()
+    assert str(saved.manifest) in err and "model.a_newer_option" in err
+    assert "written by muongen" in err and len(err.splitlines()) == 1
+
+
 def test_inspect_still_reads_data_beside_a_checkpoint(trained_like, held_out, capsys):
     assert main(["inspect", str(held_out), str(trained_like)]) == 0
     out = capsys.readouterr().out
