@@ -270,7 +270,11 @@ class OptimConfig:
     muon_critic_weight: float = 1.0
     """Weight of the per-muon critic's WGAN term (``model.muon_critic``) in the critic's
     and the generator's losses, beside the set critic's (weight 1); its gradient penalty
-    takes ``gp_lambda`` and ``gp_every`` as the set critic's does."""
+    takes ``gp_lambda`` and ``gp_every`` as the set critic's does. At 3 (no extra time) the
+    quality preset met the goal on issue 52's muon-rich physics with the seed that misses
+    at 1 (worst 1.63 and 1.71 against 2.48 and 2.44), but one seed on the preset's sparse
+    `wide` blend lost its richest bundles' radii (2.59 and 2.75 against 1.71 and 1.83), so
+    the preset keeps 1 (docs/fidelity.md, "The shape inside bundles")."""
     muon_gp_rows: int = 4096
     """About this many muons of a batch (drawn uniformly with replacement, an alpha each)
     enter the per-muon critic's gradient penalty."""
