@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--observable",
         default="log10_energy",
-        help="a per-muon observable of evaluate: log10_energy (default), log10_radius, x, y",
+        help="a per-muon observable: log10_energy (default), log10_radius, radius, x, y",
     )
     ap.add_argument("--seeds", default="0", help="model draws, comma-separated (0)")
     ap.add_argument("--events", type=int, default=None, help="first N held-out rows (all)")
