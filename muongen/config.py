@@ -274,7 +274,17 @@ class OptimConfig:
     quality preset met the goal on issue 52's muon-rich physics with the seed that misses
     at 1 (worst 1.63 and 1.71 against 2.48 and 2.44), but one seed on the preset's sparse
     `wide` blend lost its richest bundles' radii (2.59 and 2.75 against 1.71 and 1.83), so
-    the preset keeps 1 (docs/fidelity.md, "The shape inside bundles")."""
+    the preset keeps 1 (docs/fidelity.md, "The shape inside bundles"); see
+    ``muon_critic_weight_rich`` for a weight that follows the data."""
+    muon_critic_weight_rich: float = 0.0
+    """The per-muon critic's weight on muon-rich data (0: off, ``muon_critic_weight``
+    everywhere): when a run starts fresh and its input files hold at least
+    ``rich_muons_per_row`` muons a row (the rows ``data.batch_muons`` reads), it replaces
+    ``muon_critic_weight``; a resumed run and the next node of a chain keep the decision
+    saved in the checkpoint (:mod:`muongen.train.muon_weight`)."""
+    rich_muons_per_row: float = 16.0
+    """The mean muons per row (over the input files' non-empty rows unless
+    ``data.keep_empty``) from which ``muon_critic_weight_rich`` applies."""
     muon_gp_rows: int = 4096
     """About this many muons of a batch (drawn uniformly with replacement, an alpha each)
     enter the per-muon critic's gradient penalty."""
@@ -523,6 +533,8 @@ def validate(cfg: Config) -> None:
             "must be between 0 and model.z_local",
         ),
         ("optim.muon_critic_weight", cfg.optim.muon_critic_weight >= 0, "must be >= 0"),
+        ("optim.muon_critic_weight_rich", cfg.optim.muon_critic_weight_rich >= 0, "must be >= 0"),
+        ("optim.rich_muons_per_row", cfg.optim.rich_muons_per_row >= 0, "must be >= 0"),
         ("optim.muon_gp_rows", cfg.optim.muon_gp_rows >= 1, "must be >= 1"),
         ("optim.quantile_match", cfg.optim.quantile_match >= 0, "must be >= 0 (0: off)"),
         ("optim.quantile_match_groups", cfg.optim.quantile_match_groups >= 1, "must be >= 1"),

@@ -86,13 +86,35 @@ def mean_muons_per_event(files: list[str], cfg: DataConfig) -> tuple[float, int]
     return (float(c.mean()) if c.size else 0.0), int(c.size)
 
 
+class RowMuons:
+    """:func:`mean_muons_per_event` of a run's input files, read once, when a trainer part
+    first asks (a resumed run's parts keep their saved decisions and never read).
+
+    Args:
+        files: the run's input files.
+        cfg: the run's data section (its filters).
+    """
+
+    def __init__(self, files: list[str], cfg: DataConfig) -> None:
+        self.files = files
+        self.cfg = cfg
+        self._read: tuple[float, int] | None = None
+
+    def mean(self) -> tuple[float, int]:
+        """The mean muons per row and the rows read (0 when no file read)."""
+        if self._read is None:
+            self._read = mean_muons_per_event(self.files, self.cfg)
+        return self._read
+
+
 class MuonBatch:
     """A trainer part that sets ``data.batch_events`` from ``data.batch_muons`` and the
     input files (see the module docstring), and keeps the decision in checkpoints.
 
     Args:
         data_cfg: the run's data section: ``batch_events`` is read and set.
-        files: the run's input files.
+        files: the run's input files (their mean, :attr:`rows`, is shared with the
+            other parts that decide from it).
     """
 
     follows_data = False  # one model, one batch size: a chain node keeps its predecessor's
@@ -100,13 +122,14 @@ class MuonBatch:
     def __init__(self, data_cfg: DataConfig, files: list[str]) -> None:
         self.cfg = data_cfg
         self.files = files
+        self.rows = RowMuons(files, data_cfg)
         self.requested = self.decided = data_cfg.batch_events
         self.mean_muons: float | None = None
 
     def _from_data(self) -> int:
         if self.cfg.batch_muons <= 0:
             return self.requested
-        mean, rows = mean_muons_per_event(self.files, self.cfg)
+        mean, rows = self.rows.mean()
         if not rows:
             return self.requested
         self.mean_muons = mean

@@ -36,6 +36,7 @@ from muongen.train.batch_size import MuonBatch
 from muongen.train.budget import StepBudget, fewest_over_ranks
 from muongen.train.checkpoint import UNWRITABLE, Checkpointer, unwritable
 from muongen.train.monitor import TrainingMonitor
+from muongen.train.muon_weight import MuonWeight
 from muongen.train.parts import (
     AuditLog,
     Counters,
@@ -173,6 +174,9 @@ class Trainer:
         self.add_part("trainer", self.counters)
         self.add_part("monitor", self.monitor)
         self.add_part("batch_size", self.batch_size)  # before "data": its stream reads it
+        # optim.muon_critic_weight_rich: the per-muon critic's weight from the same rows
+        self.muon_weight = MuonWeight(cfg.optim, self.batch_size.rows)
+        self.add_part("muon_weight", self.muon_weight)
         self.add_part("data", PerRank(self.data, dist))
         self.add_part("rng", PerRank(RngState(lambda: self._noise_seed(self.step)), dist))
         self.add_part("audit", PerRank(self.audit, dist))
