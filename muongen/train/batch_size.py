@@ -169,7 +169,16 @@ class MuonBatch:
         self.mean_muons = state.get("mean_muons")
         self._set(saved)
 
+    def missing(self, config: dict[str, Any]) -> None:
+        """A checkpoint from before this part keeps the batch its config records (what
+        its run trained on) while ``data.batch_muons`` is on."""
+        saved = int((config.get("data") or {}).get("batch_events") or 0)
+        if saved > 0:
+            self.load_state_dict({"batch_events": saved})
+        else:
+            self.reset()
+
     def reset(self) -> None:
-        """A fresh start (or a checkpoint from before this part) decides from the files."""
+        """A fresh start decides from the files."""
         self.mean_muons = None
         self._set(self._from_data())

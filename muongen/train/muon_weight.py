@@ -92,6 +92,15 @@ class MuonWeight:
             )
         self._set(float(saved))
 
+    def missing(self, config: dict[str, Any]) -> None:
+        """A checkpoint from before this part keeps the weight its config records (what
+        its run trained with) while ``optim.muon_critic_weight_rich`` is on."""
+        saved = (config.get("optim") or {}).get("muon_critic_weight")
+        if saved is None:
+            self.reset()
+        else:
+            self.load_state_dict({"muon_critic_weight": saved})
+
     def reset(self) -> None:
-        """A fresh start (or a checkpoint from before this part) decides from the files."""
+        """A fresh start decides from the files."""
         self._set(self._from_data())

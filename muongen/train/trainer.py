@@ -318,13 +318,20 @@ class Trainer:
         Weights must fit (else CheckpointError); an optimizer of another type or shape is
         reset with a warning. Parts that follow the data (cursor, random states, audit log)
         are restored only from a checkpoint made on the same input files; from another
-        input list (a chain node continuing the previous range) they start afresh.
+        input list (a chain node continuing the previous range) they start afresh. A part
+        the checkpoint lacks (one newer than it) starts afresh, or, where it has
+        ``missing(config)``, takes what the checkpoint's config records.
         """
         same_inputs = self._same_inputs(payload.get("inputs") or {}, source)
         for name, part in self.parts.items():
-            if name in payload and (same_inputs or not getattr(part, "follows_data", False)):
-                part.load_state_dict(payload[name])
-            elif hasattr(part, "reset"):  # (GanStep has no reset: it is freshly built)
+            if name in payload:
+                if same_inputs or not getattr(part, "follows_data", False):
+                    part.load_state_dict(payload[name])
+                    continue
+            elif hasattr(part, "missing"):  # a checkpoint from before this part
+                part.missing(payload.get("config") or {})
+                continue
+            if hasattr(part, "reset"):  # (GanStep has no reset: it is freshly built)
                 part.reset()
 
     def _same_inputs(self, inputs: dict[str, Any], source: Any) -> bool:

@@ -96,3 +96,31 @@ def test_the_step_trains_with_the_decided_weight_and_a_resume_keeps_it(tiny_conf
     again.resume("auto")
     assert cfg2.optim.muon_critic_weight == 3.0 and again.step == 2
     assert again.train() == 0
+
+
+def test_a_checkpoint_from_before_the_part_keeps_what_its_config_records(tiny_config, tmp_path):
+    """A checkpoint written before these parts existed (its payload lacks them) resumes
+    with the weight and the batch its run trained on, not what the files would decide."""
+    t, _ = _trained(tiny_config, tmp_path / "old")  # weight 1, 32 events a batch
+    payload = t.state_dict()
+    del payload["muon_weight"], payload["batch_size"]
+    cfg = tiny_config(
+        model__muon_critic="[8]",
+        optim__ema_decay=0,
+        optim__muon_critic_weight_rich=3,
+        optim__rich_muons_per_row=10,
+        data__batch_muons=64,
+    )
+    again = Trainer(cfg, tmp_path / "new")
+    again.load_state_dict(payload, source="old")
+    assert cfg.optim.muon_critic_weight == 1.0 and cfg.data.batch_events == 32
+    # a fresh start with the same settings decides from the rich mix's ~13 a row
+    fresh_cfg = tiny_config(
+        model__muon_critic="[8]",
+        optim__ema_decay=0,
+        optim__muon_critic_weight_rich=3,
+        optim__rich_muons_per_row=10,
+        data__batch_muons=64,
+    )
+    Trainer(fresh_cfg, tmp_path / "fresh").resume(None)
+    assert fresh_cfg.optim.muon_critic_weight == 3.0 and fresh_cfg.data.batch_events == 8
