@@ -6,7 +6,8 @@ checkpoint), a run folder (its ``checkpoints/``), or a pelican:// / osdf:// URL 
 checkpoint from a data file by its content (:func:`is_checkpoint`) and comes here.
 
 Shown: step, events seen, created, muongen version; the preset the config matches (and
-the keys that differ from it) and the model sizes with the parameter counts; the sha256,
+the keys that differ from it) and what the run decided from its files' muons per row
+(the batch, the per-muon critic's weight); the model sizes with the parameter counts; the sha256,
 verified; the previous range's checkpoint the run continued, if any; the best validation
 score; the training domain (:mod:`muongen.domain`).
 """
@@ -88,11 +89,41 @@ def _preset(config: dict[str, Any]) -> dict[str, Any]:
             for section in ("model", "optim")
             for k in sorted(set(tree[section]) | set(config.get(section, {})))
             if tree[section].get(k) != config.get(section, {}).get(k)
+            and not _decided_by_preset(section, k, tree, config)
         ]
         if best is None or len(diff) < len(best[1]):
             best = (name, diff)
     name, diff = best or ("", [])
     return {"name": name, "differs_in": diff}
+
+
+def _decided_by_preset(section: str, key: str, preset: dict, config: dict) -> bool:
+    """Whether ``config``'s ``section.key`` is what ``preset``'s own rule decided from the
+    data (:mod:`muongen.train.muon_weight`): the rich weight, under the same rule."""
+    if (section, key) != ("optim", "muon_critic_weight"):
+        return False
+    ours, theirs = preset["optim"], config.get("optim", {})
+    rule = ("muon_critic_weight_rich", "rich_muons_per_row")
+    return (
+        ours.get("muon_critic_weight_rich", 0) > 0
+        and all(ours.get(k) == theirs.get(k) for k in rule)
+        and theirs.get(key) == ours["muon_critic_weight_rich"]
+    )
+
+
+def _decided(payload: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """What the run decided from its files' muons per row (``data.batch_muons``,
+    ``optim.muon_critic_weight_rich``), where those rules were on."""
+    out: dict[str, Any] = {}
+    batch, weight = payload.get("batch_size") or {}, payload.get("muon_weight") or {}
+    if (config.get("data") or {}).get("batch_muons", 0) > 0 and batch.get("batch_events"):
+        out["batch_events"] = batch["batch_events"]
+        if batch.get("mean_muons") is not None:
+            out["mean_muons"] = batch["mean_muons"]
+    rich = (config.get("optim") or {}).get("muon_critic_weight_rich", 0)
+    if rich > 0 and weight.get("muon_critic_weight") is not None:
+        out["muon_critic_weight"] = weight["muon_critic_weight"]
+    return out
 
 
 def inspect_checkpoint(source: str) -> dict[str, Any]:
@@ -121,6 +152,7 @@ def inspect_checkpoint(source: str) -> dict[str, Any]:
         "sha256": meta["sha256"],
         "sha256_verified": True,
         "preset": _preset(config),
+        "decided": _decided(payload, config),
         "model": {k: model[k] for k in SIZE_KEYS if k in model},
         "parameters": _parameters(cfg),
         "ema": "generator_ema" in payload,
@@ -178,6 +210,19 @@ def format_text(info: dict[str, Any]) -> str:
             else " (model and optim settings as shipped)"
         )
     )
+    decided = info.get("decided") or {}
+    if decided:
+        said = []
+        if "mean_muons" in decided:
+            said.append(f"{decided['mean_muons']:.1f} muons a row")
+        if "batch_events" in decided:
+            said.append(f"batches of {decided['batch_events']} events (data.batch_muons)")
+        if "muon_critic_weight" in decided:
+            said.append(
+                f"per-muon critic weight {decided['muon_critic_weight']:g} "
+                "(optim.muon_critic_weight_rich)"
+            )
+        lines.append("  decided from its files: " + ", ".join(said))
     sizes = ", ".join(f"{k} {v}" for k, v in info["model"].items())
     par = info["parameters"]
     lines.append(

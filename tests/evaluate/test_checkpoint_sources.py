@@ -203,3 +203,34 @@ def test_synth_refuses_existing_files_unless_overwrite(tmp_path, capsys):
     assert (tmp_path / "d" / "0000001.parquet").read_bytes() != first
     assert main(["synth", "--out", "/sys/muongen-d", "--files", "1"]) == 2
     assert "cannot write --out /sys/muongen-d" in capsys.readouterr().err
+
+
+def test_inspect_shows_what_the_run_decided_from_its_files(tmp_path, capsys):
+    """A quality run on muon-rich files: its halved batch and its rich weight are the
+    preset's own decisions, shown as such, not as settings changed."""
+    from muongen.model import build_models
+
+    cfg = load_config("quality", ["data.batch_events=1024", "optim.muon_critic_weight=3"])
+    state = {
+        "config": cfg.to_dict(),
+        "generator": build_models(cfg.model)[0].state_dict(),
+        "trainer": {"step": 5, "events_seen": 5120},
+        "batch_size": {"batch_events": 1024, "mean_muons": 27.7},
+        "muon_weight": {"muon_critic_weight": 3.0},
+    }
+    manifest = checkpoint.save(state, tmp_path / "ck", "step-000000005", step=5).manifest
+    assert main(["inspect", str(manifest)]) == 0
+    text = capsys.readouterr().out
+    assert "preset: quality (model and optim settings as shipped)" in text
+    assert (
+        "decided from its files: 27.7 muons a row, batches of 1024 events (data.batch_muons), "
+        "per-muon critic weight 3 (optim.muon_critic_weight_rich)" in text
+    )
+    # a weight the rule did not give (2 configured, on sparse files) is a change
+    cfg.optim.muon_critic_weight = 2.0
+    state.update(config=cfg.to_dict(), muon_weight={"muon_critic_weight": 2.0})
+    manifest = checkpoint.save(state, tmp_path / "ck2", "step-000000005", step=5).manifest
+    assert main(["inspect", "--json", str(manifest)]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["preset"]["differs_in"] == ["optim.muon_critic_weight"]
+    assert info["decided"]["muon_critic_weight"] == 2.0
