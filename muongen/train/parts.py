@@ -4,7 +4,10 @@ Every part has ``state_dict()``, ``load_state_dict(state)`` and ``reset()`` (a f
 forget anything a previous attempt left, on disk too). A part with ``follows_data = True``
 belongs to one input list: a checkpoint made on other files (a chain node continuing the
 previous range's model) restores the model but resets these parts. A part with
-``per_rank = True`` is saved once per process (:class:`PerRank` gathers them).
+``per_rank = True`` is saved once per process (:class:`PerRank` gathers them). A
+checkpoint older than a part resets it, unless the part has ``missing(config)``: then it
+takes what that checkpoint's config records (the batch and the per-muon weight a run
+decided from its files, :mod:`muongen.train.batch_size`, :mod:`muongen.train.muon_weight`).
 
 To add a part (an EMA of the generator, a best-checkpoint tracker), give it these three
 methods and register it with :meth:`muongen.train.trainer.Trainer.add_part`.
