@@ -57,8 +57,21 @@ def test_no_readable_file_keeps_the_configured_weight(tmp_path):
     assert cfg.muon_critic_weight == 1.0
 
 
-def _trained(tiny_config, run, **extra):
-    cfg = tiny_config(model__muon_critic="[8]", train__max_steps=2, optim__ema_decay=0, **extra)
+def _config(tiny_config, **extra):
+    """A tiny config with a per-muon critic, 2 steps unless told."""
+    sets = {"model__muon_critic": "[8]", "train__max_steps": 2, "optim__ema_decay": 0}
+    return tiny_config(**{**sets, **extra})
+
+
+def _rich_rule(tiny_config, threshold, **extra):
+    """The rule on: weight 3 from ``threshold`` muons a row."""
+    return _config(
+        tiny_config, optim__muon_critic_weight_rich=3, optim__rich_muons_per_row=threshold, **extra
+    )
+
+
+def _trained(tiny_config, run, cfg=None, **extra):
+    cfg = cfg or _config(tiny_config, **extra)
     t = Trainer(cfg, run)
     assert t.train() == 0
     return t, cfg
@@ -68,12 +81,7 @@ def test_the_step_trains_with_the_decided_weight_and_a_resume_keeps_it(tiny_conf
     """The rich mix (~13 a row) under a threshold of 10: the decided 3 trains exactly as
     a configured 3, unlike 1; the checkpoint records it, and a resume whose threshold
     alone would keep 1 goes on with 3."""
-    decided, cfg = _trained(
-        tiny_config,
-        tmp_path / "decided",
-        optim__muon_critic_weight_rich=3,
-        optim__rich_muons_per_row=10,
-    )
+    decided, cfg = _trained(tiny_config, tmp_path / "decided", _rich_rule(tiny_config, 10))
     assert cfg.optim.muon_critic_weight == 3.0
     configured, _ = _trained(tiny_config, tmp_path / "configured", optim__muon_critic_weight=3)
     plain, _ = _trained(tiny_config, tmp_path / "plain")
@@ -85,13 +93,7 @@ def test_the_step_trains_with_the_decided_weight_and_a_resume_keeps_it(tiny_conf
     assert saved["muon_weight"] == {"muon_critic_weight": 3.0}
     assert saved["config"]["optim"]["muon_critic_weight"] == 3.0
 
-    cfg2 = tiny_config(
-        model__muon_critic="[8]",
-        train__max_steps=3,
-        optim__ema_decay=0,
-        optim__muon_critic_weight_rich=3,
-        optim__rich_muons_per_row=1000,
-    )
+    cfg2 = _rich_rule(tiny_config, 1000, train__max_steps=3)
     again = Trainer(cfg2, tmp_path / "decided")
     again.resume("auto")
     assert cfg2.optim.muon_critic_weight == 3.0 and again.step == 2
@@ -104,23 +106,11 @@ def test_a_checkpoint_from_before_the_part_keeps_what_its_config_records(tiny_co
     t, _ = _trained(tiny_config, tmp_path / "old")  # weight 1, 32 events a batch
     payload = t.state_dict()
     del payload["muon_weight"], payload["batch_size"]
-    cfg = tiny_config(
-        model__muon_critic="[8]",
-        optim__ema_decay=0,
-        optim__muon_critic_weight_rich=3,
-        optim__rich_muons_per_row=10,
-        data__batch_muons=64,
-    )
+    cfg = _rich_rule(tiny_config, 10, data__batch_muons=64)
     again = Trainer(cfg, tmp_path / "new")
     again.load_state_dict(payload, source="old")
     assert cfg.optim.muon_critic_weight == 1.0 and cfg.data.batch_events == 32
     # a fresh start with the same settings decides from the rich mix's ~13 a row
-    fresh_cfg = tiny_config(
-        model__muon_critic="[8]",
-        optim__ema_decay=0,
-        optim__muon_critic_weight_rich=3,
-        optim__rich_muons_per_row=10,
-        data__batch_muons=64,
-    )
+    fresh_cfg = _rich_rule(tiny_config, 10, data__batch_muons=64)
     Trainer(fresh_cfg, tmp_path / "fresh").resume(None)
     assert fresh_cfg.optim.muon_critic_weight == 3.0 and fresh_cfg.data.batch_events == 8
