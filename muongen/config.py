@@ -272,7 +272,7 @@ class OptimConfig:
     and the generator's losses, beside the set critic's (weight 1); its gradient penalty
     takes ``gp_lambda`` and ``gp_every`` as the set critic's does. At 3 (no extra time) the
     quality preset met the goal on issue 52's muon-rich physics with every seed tried
-    (0-3: worst 1.55-1.96; seed 2 scores 2.48 and 2.44 at 1), but one seed on the preset's
+    (0-6: worst 1.55-1.96; seed 2 scores 2.48 and 2.44 at 1), but one seed on the preset's
     sparse `wide` blend lost its richest bundles' radii (2.59 and 2.75 against 1.71 and
     1.83), so the preset keeps 1 and sets ``muon_critic_weight_rich`` to 3 (docs/fidelity.md,
     "The shape inside bundles" and "The per-muon weight from the data")."""

@@ -121,7 +121,6 @@ class MuonBatch:
 
     def __init__(self, data_cfg: DataConfig, files: list[str]) -> None:
         self.cfg = data_cfg
-        self.files = files
         self.rows = RowMuons(files, data_cfg)
         self.requested = self.decided = data_cfg.batch_events
         self.mean_muons: float | None = None
@@ -140,7 +139,7 @@ class MuonBatch:
             self.cfg.batch_muons,
             mean,
             rows,
-            min(len(self.files), SAMPLE_FILES),
+            min(len(self.rows.files), SAMPLE_FILES),
             events,
             events * mean,
             "" if events == self.requested else f", not data.batch_events={self.requested}",

@@ -46,7 +46,7 @@ class MuonWeight:
     def __init__(self, optim_cfg: OptimConfig, rows: RowMuons) -> None:
         self.cfg = optim_cfg
         self.rows = rows
-        self.requested = self.decided = optim_cfg.muon_critic_weight
+        self.requested = optim_cfg.muon_critic_weight  # the configured weight
 
     @property
     def on(self) -> bool:
@@ -72,10 +72,10 @@ class MuonWeight:
         return weight
 
     def _set(self, weight: float) -> None:
-        self.decided = self.cfg.muon_critic_weight = weight
+        self.cfg.muon_critic_weight = weight
 
     def state_dict(self) -> dict[str, Any]:
-        return {"muon_critic_weight": self.decided}
+        return {"muon_critic_weight": self.cfg.muon_critic_weight}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Keep the saved weight (a resumed run, or the next range of a chain) while
