@@ -3,16 +3,18 @@
     python benchmarks/other_physics.py --out op-train --files 4 --events-per-file 20000 --seed 0
     python benchmarks/other_physics.py --out op-test --files 1 --events-per-file 100000 --seed 1
     python benchmarks/other_physics.py --out op-rich-train --e-min 1e5 ...   # bundle-rich rows
+    python benchmarks/other_physics.py --out heldA --e-min 1e4 --e-index 1 ...    # 27 a row
+    python benchmarks/other_physics.py --out heldE --e-min 1e5 --e-index 1.3 ...  # 17 a row
 
 Everything muongen is tuned on comes from `muongen synth`, so a model or preset that is
 good there may be good only there. This writes production-format files (Parquet v1, the
 same writer) of rows from other formulas, in the manner of the fast generators of
 underwater/ice telescopes (Becherini et al., hep-ph/0507228; MUPAGE):
 
-* Showers: E0 on E^-1.7 over [3e3, 1e8] GeV (``--e-min``: another lower end); A from
-  {1, 4, 16, 24, 56} with weights {0.35, 0.25, 0.2, 0.1, 0.1} (other nuclei than
-  synth's); cos(zenith) uniform up to 75 degrees; each shower gives 10 rows at depths
-  drawn uniformly in [1000, 2800] m (synth: 100 fixed depths).
+* Showers: E0 on E^-1.7 over [3e3, 1e8] GeV (``--e-min``, ``--e-index``: another
+  spectrum); A from {1, 4, 16, 24, 56} with weights {0.35, 0.25, 0.2, 0.1, 0.1} (other
+  nuclei than synth's); cos(zenith) uniform up to 75 degrees; each shower gives 10 rows
+  at depths drawn uniformly in [1000, 2800] m (synth: 100 fixed depths).
 * Multiplicity: the Elbert formula with other energy-loss constants (b = 4.2e-4 / m.w.e.,
   eps = 624.5 GeV: those of the parametrisation above, against synth's 3.63e-4 and 713),
   drawn negative binomial with shape 2 (synth: 1).
