@@ -267,6 +267,15 @@ class OptimConfig:
     4.4-7.2 against 1.16-1.34 and 6.0-7.7 with none (15000 steps, 2 seeds, 2 held-out
     sets); sqrt moved the worst bins from big shallow bundles to small deep ones and the
     medians up (1.08-1.17 against 1.05-1.09 with log at 20000 steps; docs/fidelity.md)."""
+    energy_balance: float = 0.0
+    """Flatten the primary spectrum the losses see (0: off; :mod:`muongen.train.
+    energy_balance`): each event's WGAN weight (and its muons' weight in the per-muon
+    critic) times (n_max / n_bin) ** energy_balance, at most ``energy_balance_max``, where
+    n_bin counts the batch's events with muons in its 0.5-dex bin of log10 E0 and n_max
+    those of the fullest bin (1: every bin the same total weight). Real and fake bundles
+    take the same weight, so the optimum is unchanged; needs train.fake_counts = real."""
+    energy_balance_max: float = 10.0
+    """The largest factor ``energy_balance`` gives an event (>= 1)."""
     muon_critic_weight: float = 1.0
     """Weight of the per-muon critic's WGAN term (``model.muon_critic``) in the critic's
     and the generator's losses, beside the set critic's (weight 1); its gradient penalty
@@ -532,6 +541,8 @@ def validate(cfg: Config) -> None:
             0 <= cfg.model.local_exp_noise <= cfg.model.z_local,
             "must be between 0 and model.z_local",
         ),
+        ("optim.energy_balance", cfg.optim.energy_balance >= 0, "must be >= 0 (0: off)"),
+        ("optim.energy_balance_max", cfg.optim.energy_balance_max >= 1, "must be >= 1"),
         ("optim.muon_critic_weight", cfg.optim.muon_critic_weight >= 0, "must be >= 0"),
         ("optim.muon_critic_weight_rich", cfg.optim.muon_critic_weight_rich >= 0, "must be >= 0"),
         ("optim.rich_muons_per_row", cfg.optim.rich_muons_per_row >= 0, "must be >= 0"),

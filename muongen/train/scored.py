@@ -51,6 +51,9 @@ class Scored:
     muon_scale: float = 0.0
     # the share of the batch's muons drawn for the per-muon critic's penalty
     muon_gp_share: float = 1.0
+    # (N,) each real muon's weight in the per-muon critic's WGAN term, times muon_scale
+    # (optim.energy_balance; None: 1)
+    muon_weight: torch.Tensor | None = None
     # a shard's part of a microbatch cut into shards (None: a whole microbatch)
     cut: Cut | None = None
     event_index: torch.Tensor = field(init=False)  # (N,) the event of each real muon
@@ -88,10 +91,11 @@ class Scored:
         return scores if self.weight is None else scores * self.weight
 
     def muon_mask(self, scores: torch.Tensor) -> torch.Tensor:
-        """(N,) per-muon scores with the muons of the rows that do not count set to 0."""
-        if self.valid is None:
-            return scores
-        return torch.where(self.valid.index_select(0, self.event_index), scores, 0.0)
+        """(N,) per-muon scores with the muons of the rows that do not count set to 0,
+        times their weights."""
+        if self.valid is not None:
+            scores = torch.where(self.valid.index_select(0, self.event_index), scores, 0.0)
+        return scores if self.muon_weight is None else scores * self.muon_weight
 
     def pair_counts(self, counts: torch.Tensor) -> torch.Tensor:
         """A scored set's counts as the penalty pairs them: 0 for the rows that do not

@@ -77,7 +77,7 @@ from muongen.model.quantile_match import (
     size_class,
 )
 from muongen.train import checkpoint as ckpt
-from muongen.train import compile_probe
+from muongen.train import compile_probe, energy_balance
 from muongen.train.compile_probe import c_compiler, compiles
 from muongen.train.graphs import setup_graphs
 from muongen.train.memory import keep_freed_memory
@@ -174,6 +174,11 @@ class GanStep:
         if self.muon_critic and train_cfg.fake_counts != "real":
             raise ConfigError(
                 "model.muon_critic pairs each real muon with the fake muon in its place and "
+                f"needs train.fake_counts=real (got {train_cfg.fake_counts})"
+            )
+        if optim_cfg.energy_balance > 0 and train_cfg.fake_counts != "real":
+            raise ConfigError(
+                "optim.energy_balance weighs an event's real and fake bundles alike and "
                 f"needs train.fake_counts=real (got {train_cfg.fake_counts})"
             )
         if optim_cfg.quantile_match > 0 and train_cfg.fake_counts != "real":
@@ -551,9 +556,13 @@ class GanStep:
                 continue
             cut = Cut([], m.n_events / total)
             scale = self._weight_scale(m.counts) if self.optim_cfg.event_weight != "none" else 0
+            factors = self._balance(m)
             for j, (a, b) in enumerate(itertools.pairwise(bounds)):
                 if b > a:
-                    part = self._scored(m.slice(a, b), 0, weight_scale=scale)
+                    part = self._scored(
+                        m.slice(a, b), 0, weight_scale=scale,
+                        balance=None if factors is None else tuple(f[a:b] for f in factors),
+                    )  # fmt: skip
                     part.cut = cut
                     cut.parts.append(part)
                     work[j].append((part, (b - a) / total))
@@ -660,13 +669,41 @@ class GanStep:
         f = self._event_weight_terms(counts, self.optim_cfg.event_weight)
         return counts.shape[0] / max(float(f.sum()), 1e-12)
 
+    def _balance(
+        self, mb: RaggedBatch, padded: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``optim.energy_balance``'s factors of the events of ``mb`` (its last ``padded``
+        events left out), for the WGAN weights and the per-muon weights
+        (:func:`muongen.train.energy_balance.balance`); None when it is off."""
+        o = self.optim_cfg
+        if o.energy_balance <= 0:
+            return None
+        counts = mb.counts
+        if padded:
+            keep = torch.arange(mb.n_events, device=counts.device) < mb.n_events - padded
+            counts = torch.where(keep, counts, 0)
+        if o.event_weight != "none":
+            terms = self._event_weight_terms(counts, o.event_weight)
+        else:
+            terms = (counts > 0).float()
+        return energy_balance.balance(
+            mb.conditions, counts, terms, o.energy_balance, o.energy_balance_max
+        )
+
     def _scored(
-        self, mb: RaggedBatch, gp_pairs: int, padded: int = 0, weight_scale: float = 0.0
+        self,
+        mb: RaggedBatch,
+        gp_pairs: int,
+        padded: int = 0,
+        weight_scale: float = 0.0,
+        balance: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> Scored:
         """The events of ``mb`` the critic scores (see :class:`Scored`); its last
         ``padded`` events hold padding muons (:mod:`muongen.train.graphs`) and do not count.
         ``weight_scale``: the scale of the events' ``optim.event_weight`` terms (0: scaled
-        to mean 1 over ``mb``'s events; a shard's part takes its microbatch's)."""
+        to mean 1 over ``mb``'s events; a shard's part takes its microbatch's).
+        ``balance``: ``optim.energy_balance``'s factors of ``mb``'s events (None: those of
+        ``mb`` itself, :meth:`_balance`; a shard's part takes its microbatch's)."""
         b, n = mb.n_events - padded, mb.n_muons
         all_cond, all_counts = mb.conditions[:b], mb.counts[:b]
         with torch.no_grad():
@@ -689,10 +726,17 @@ class GanStep:
             # log(1 + N) or sqrt(N), mean 1 over all B events (the unscored empty ones weigh 0)
             f = self._event_weight_terms(torch.where(valid, counts, 0), self.optim_cfg.event_weight)
             weight = f * (weight_scale or b / f.sum().clamp(min=1e-12))
-        return Scored(
+        factors = balance if balance is not None else self._balance(mb, padded)
+        if factors is not None:
+            events, muons = (f if rows is None else f.index_select(0, rows) for f in factors)
+            weight = events if weight is None else weight * events
+        scored = Scored(
             all_cond, all_counts, cond, mb.muons, counts, b, valid, weight, inputs, gp_pairs,
             padded > 0,
         )  # fmt: skip
+        if factors is not None:
+            scored.muon_weight = muons.index_select(0, scored.event_index)
+        return scored
 
     def _fakes_ahead(self, work: Work, rng: torch.Generator | None) -> None:
         """Every critic update's fake sets of one shard, made at once (``Scored.fakes``).

@@ -60,11 +60,19 @@ def test_resolve_shards():
 
 @pytest.mark.parametrize("cpu_matmul", ["blas", "onednn"])
 @pytest.mark.parametrize(
-    "gp_lambda, gp_norm, event_weight",
-    [(0.0, "muon", "none"), (10.0, "muon", "none"), (10.0, "event", "log"), (0.0, "muon", "sqrt")],
+    "gp_lambda, gp_norm, event_weight, energy_balance",
+    [
+        (0.0, "muon", "none", 0.0),
+        (10.0, "muon", "none", 0.0),
+        (10.0, "event", "log", 0.0),
+        (0.0, "muon", "sqrt", 0.0),
+        (0.0, "muon", "none", 1.0),
+        (0.0, "event", "log", 1.0),
+        (10.0, "event", "log", 1.0),
+    ],
 )
 def test_a_sharded_step_makes_the_unsharded_update(
-    small_shards, monkeypatch, gp_lambda, gp_norm, event_weight, cpu_matmul
+    small_shards, monkeypatch, gp_lambda, gp_norm, event_weight, energy_balance, cpu_matmul
 ):
     """Without noise (zero draws, no random azimuth, the multiplicity head's MSE, a fixed
     interpolation weight, every pair) a sharded step and an unsharded step on the same
@@ -72,7 +80,9 @@ def test_a_sharded_step_makes_the_unsharded_update(
     gradient): every normaliser is the whole batch's. The shards' events given as
     microbatches, each normalised over itself, make another update where the penalty or
     the event weights are on. With either library for the products outside autograd
-    (``train.cpu_matmul``: the fakes)."""
+    (``train.cpu_matmul``: the fakes). With ``optim.energy_balance`` and no penalty the
+    models have a per-muon critic, whose muon weights the balance sets too (its penalty
+    draws its muons at random, per shard)."""
     monkeypatch.setattr(generator_module, "_noise", lambda shape, like, gen: like.new_zeros(shape))
     batch = toy_batch(48, torch.Generator().manual_seed(5))
     cut = shard_bounds(batch.counts, 2)
@@ -82,10 +92,14 @@ def test_a_sharded_step_makes_the_unsharded_update(
         optimizer="sgd", momentum=0.0, lr_generator=1.0, lr_critic=1.0, n_critic=2,
         gp_lambda=gp_lambda, gp_every=1, gp_max_pairs=0, gp_norm=gp_norm,
         event_weight=event_weight, grad_clip=0.0, warmup_steps=0,
+        energy_balance=energy_balance, muon_gp_rows=1 << 20,
     )  # fmt: skip
+    muon_critic = [8] if energy_balance and not gp_lambda else []
 
     def run(shards, micro):
-        gen, critic = small_models(seed=2, lateral_rotate=False, multiplicity="round")
+        gen, critic = small_models(
+            seed=2, lateral_rotate=False, multiplicity="round", muon_critic=muon_critic
+        )
         step = GanStep(
             gen, critic, ocfg, TrainConfig(step_shards=shards, cpu_matmul=cpu_matmul), "cpu",
             penalty_fn=fixed_alpha_penalty,
@@ -103,7 +117,7 @@ def test_a_sharded_step_makes_the_unsharded_update(
         assert o2["gp"] > 0
     _, p_parts = run(1, parts)
     apart = any(not torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(p_parts, p1))
-    assert apart == (gp_lambda > 0 or event_weight != "none")
+    assert apart == (gp_lambda > 0 or event_weight != "none" or energy_balance > 0)
 
 
 def test_the_shards_run_at_once_on_their_own_threads(small_shards):
