@@ -51,8 +51,8 @@ class Scored:
     muon_scale: float = 0.0
     # the share of the batch's muons drawn for the per-muon critic's penalty
     muon_gp_share: float = 1.0
-    # (N,) each real muon's weight in the per-muon critic's WGAN term, times muon_scale
-    # (optim.energy_balance; None: 1)
+    # (N,) each muon's factor in the per-muon critic's WGAN term, beside muon_scale
+    # (optim.energy_balance: its event's; the fake muon in its place takes it too; None: 1)
     muon_weight: torch.Tensor | None = None
     # a shard's part of a microbatch cut into shards (None: a whole microbatch)
     cut: Cut | None = None
