@@ -274,12 +274,13 @@ class OptimConfig:
     n_bin counts the batch's events with muons in its 0.5-dex bin of log10 E0 and n_max
     those of the fullest bin (1: every bin the same total weight). Real and fake bundles
     take the same weight, so the optimum is unchanged; needs train.fake_counts = real.
-    Measured (2 seeds each): at 1 on a 17-muons-a-row E^-1.3 physics against 6000
-    held-out showers, the 10-99-muon bundles' energies at the top primary bin fell from
-    2.03-3.02x the floor to 1.54-2.30x, but every median rose (1.05-1.09 to 1.08-1.11);
-    at 0.5 on the `rich` mix, held-out D's deep band did not move (2.62-2.87 against
-    2.66-2.78). So ``quality`` leaves it off (docs/fidelity.md, "Energy-balanced
-    weights")."""
+    Measured (2 seeds each) on a 17-muons-a-row E^-1.3 physics against 6000 held-out
+    showers, with paired runs without it (same seeds, one shard): the 10-99-muon bundles'
+    energies at the top primary bin went from 1.48-1.88x the floor to 2.21-2.69x at 0.5,
+    and to 1.54-2.30x at 1 (worse on one seed, a little better on the other); at 0.5 on
+    the `rich` mix, held-out D's deep band did not move (2.62-2.87 against 2.66-2.78).
+    So ``quality`` leaves it off (docs/fidelity.md, "Energy-balanced weights" and
+    "Exponent 0.5, a paired control")."""
     energy_balance_max: float = 10.0
     """The largest factor ``energy_balance`` gives an event (>= 1)."""
     muon_critic_weight: float = 1.0
