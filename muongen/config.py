@@ -210,6 +210,15 @@ class ModelConfig:
     have to move it across six decades of E0 / A. The critic then also sees each muon's
     energy on this scale, as one more input. No energy is bounded: a muon above E0 / A can
     still be drawn. Off by default so that older checkpoints keep their shape."""
+    energy_scale_head: bool = False
+    """A head for each bundle's energy scale: a linear map of the event's context to a shift
+    a and a log width b, and every muon's standardised energy output e of that event
+    becomes a + exp(b) e (b clamped to [-4, 2]). The local net adds its context and noise
+    inputs in its first layer, so a bundle-wide spread of the muon energies, which
+    multiplies the noise's effect, it can make only through its bends; the head makes it
+    one product. Zero at the start (the map is the identity). Off by default so that older
+    checkpoints keep their shape (docs/fidelity.md, "A head for the bundle's energy
+    scale")."""
 
 
 @dataclass

@@ -44,7 +44,13 @@ from torch import nn
 
 from muongen import __version__, schema
 from muongen.errors import ConfigError
-from muongen.model.generator import LOG_STD_MAX, LOG_STD_MIN, with_exp_noise
+from muongen.model.generator import (
+    LOG_STD_MAX,
+    LOG_STD_MIN,
+    energy_scale,
+    scale_energy,
+    with_exp_noise,
+)
 from muongen.model.layers import split_linear
 from muongen.model.normaliser import per_nucleon_energy
 
@@ -86,6 +92,7 @@ class PhysicalGenerator(nn.Module):
         self.polar = bool(getattr(generator, "polar", False))
         self.polar_norm = getattr(generator, "polar_norm", None)
         self.energy_norm = getattr(generator, "energy_norm", None)  # energy_reference
+        self.energy_scale = getattr(generator, "energy_scale", None)  # energy_scale_head
         self.training_domain: dict | None = None  # muongen.domain's record, into the metadata
 
     def forward(
@@ -113,6 +120,9 @@ class PhysicalGenerator(nn.Module):
         z_local = with_exp_noise(noise[:, :zl], self.local_exp_noise)
         hidden = split_linear(self.local_net[0], context, z_local, counts, event_of)
         out = self.local_net[1:](hidden)  # (N, F) standardised
+        if self.energy_scale is not None:  # the bundle's energy scale, as the generator
+            scale = energy_scale(self.energy_scale(context))
+            out = scale_energy(out, scale.index_select(0, event_of))
         # (N, F) features; polar: [log E, r] from the standardised [log E, log r]
         feat = (self.polar_norm if self.polar else self.muon_norm).inverse(out)
         log_e = feat[:, 0]
@@ -150,6 +160,7 @@ class PhysicalGenerator(nn.Module):
             "lateral_head": "polar" if self.polar else "xy",
             "energy_reference": "none" if self.energy_norm is None else "per_nucleon",
             "local_exp_noise": str(self.local_exp_noise),
+            "energy_scale_head": str(self.energy_scale is not None).lower(),
             "max_muons": str(self.max_muons),
             "inputs": "conditions (B,4) [E GeV, zenith rad, A, depth m]; event_noise "
             "(B,2+z_global) [N(0,1), N(0,1) x z_global, U(0,1)]; muon_noise (M,z_local+1) "

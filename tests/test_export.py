@@ -38,6 +38,9 @@ def _checkpoint(tmp_path_factory, overrides: list[str]):
         if generator.energy_norm is not None:  # log10(E / (E0 / A)) around -2.5
             generator.energy_norm.mean.copy_(torch.tensor([-2.5]))
             generator.energy_norm.std.copy_(torch.tensor([0.8]))
+        if generator.energy_scale is not None:  # widths that differ between events
+            torch.nn.init.normal_(generator.energy_scale.weight, std=0.3)
+            generator.energy_scale.bias.copy_(torch.tensor([0.2, 0.3]))
     out = tmp_path_factory.mktemp("ckpt")
     saved = checkpoint.save(
         {"config": cfg.to_dict(), "generator": generator.state_dict()}, out, "small", step=3
@@ -53,6 +56,7 @@ def _checkpoint(tmp_path_factory, overrides: list[str]):
         "xy-hurdle",
         "polar",
         "polar-hurdle2-slant-pernucleon-exp2",
+        "xy-hurdle-escale",
         "xy-hurdle2-shared",
     ],
 )
@@ -62,10 +66,12 @@ def small_checkpoint(request, tmp_path_factory):
     xy representation's polar head (log r and an azimuth per muon), once with the hurdle
     head's exact probabilities of 1 and 2 muons, the slant depth among the conditions and
     the energies measured from E0 / A (model.energy_reference) with two exponential
-    per-muon noise inputs (model.local_exp_noise), and
+    per-muon noise inputs (model.local_exp_noise), once with the bundle's energy scale
+    head (model.energy_scale_head), and
     the hurdle head with exact counts on one shared trunk (model.mult_trunk): every noise
     input and every path of the heads is used."""
-    param, exp = request.param.removesuffix("-exp2"), request.param.endswith("-exp2")
+    param, scale = request.param.removesuffix("-escale"), request.param.endswith("-escale")
+    param, exp = param.removesuffix("-exp2"), param.endswith("-exp2")
     param, pern = param.removesuffix("-pernucleon"), param.endswith("-pernucleon")
     param, shared = param.removesuffix("-shared"), param.endswith("-shared")
     param, slant = param.removesuffix("-slant"), param.endswith("-slant")
@@ -77,6 +83,7 @@ def small_checkpoint(request, tmp_path_factory):
     overrides += [f"model.mult_trunk={'shared' if shared else 'separate'}"]
     overrides += [f"model.energy_reference={'per_nucleon' if pern else 'none'}"]
     overrides += [f"model.local_exp_noise={2 if exp else 0}"]
+    overrides += [f"model.energy_scale_head={str(scale).lower()}"]
     if representation == "polar":
         overrides += ["model.lateral_head=polar"]
     else:

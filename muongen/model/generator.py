@@ -16,7 +16,9 @@ Three networks (design section 3):
   ``ModelConfig.max_generated_muons``;
 * global network ``[z_global, condition, log10(N + 1)] -> global_hidden... -> context``
   (LayerNorm, LeakyReLU 0.2), one context per event;
-* local network ``[context of its event, z_local] -> 128 -> 64 -> F`` per muon; its
+* local network ``[context of its event, z_local] -> 128 -> 64 -> F`` per muon (with
+  ``model.energy_scale_head``, each event's energy outputs then mapped a + exp(b) e by a
+  linear head on its context: :func:`energy_scale`); its
   first layer is computed split, the context part once per event and the noise part per
   muon (:func:`muongen.model.layers.split_linear`), so a muon costs 16 inputs, not 144.
   With fewer muons than events only events with muons reach the per-event networks.
@@ -67,6 +69,24 @@ LOCAL_BLOCK_ROWS = 2048
 
 #: bounds of the predicted log standard deviation of log10(N + 1) (numerical safety)
 LOG_STD_MIN, LOG_STD_MAX = -7.0, 1.0
+
+#: bounds of the energy scale head's log width (model.energy_scale_head): e^-4 to e^2
+ENERGY_LOG_WIDTH_MIN, ENERGY_LOG_WIDTH_MAX = -4.0, 2.0
+
+
+def energy_scale(head_out: torch.Tensor) -> torch.Tensor:
+    """The energy scale head's (B, 2) output [a, b] -> (B, 2) [shift a, width exp(b)], b
+    clamped to [:data:`ENERGY_LOG_WIDTH_MIN`, :data:`ENERGY_LOG_WIDTH_MAX`]."""
+    shift, log_width = head_out.unbind(-1)
+    width = torch.exp(log_width.clamp(ENERGY_LOG_WIDTH_MIN, ENERGY_LOG_WIDTH_MAX))
+    return torch.stack([shift, width], dim=-1)
+
+
+def scale_energy(out: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """(N, F) standardised outputs with column 0 mapped to a + w e; ``scale`` (N, 2) holds
+    [a, w] of each muon's event (:func:`energy_scale`, repeated per muon)."""
+    energy = scale[:, 0] + scale[:, 1] * out[:, 0]
+    return torch.cat([energy.unsqueeze(-1), out[:, 1:]], dim=1)
 
 
 def counts_from_log_mult(log_mult: torch.Tensor, max_muons: int = 0) -> torch.Tensor:
@@ -220,6 +240,11 @@ class Generator(nn.Module):
             2 if self.polar else self.n_features,
             activation=leaky_relu_inplace,
         )
+        # the bundle's energy scale: zero at the start, so the map starts as the identity
+        self.energy_scale = nn.Linear(cfg.context, 2) if cfg.energy_scale_head else None
+        if self.energy_scale is not None:
+            nn.init.zeros_(self.energy_scale.weight)
+            nn.init.zeros_(self.energy_scale.bias)
 
     @property
     def stochastic_multiplicity(self) -> bool:
@@ -335,6 +360,9 @@ class Generator(nn.Module):
         z_local = _noise((n_muons, self.z_local), context, generator)
         z_local = with_exp_noise(z_local, self.local_exp_noise)
         out = self._local(context, z_local, counts)  # (N, F) standardised
+        if self.energy_scale is not None:  # a + exp(b) e, [a, b] per event from its context
+            scale = energy_scale(self.energy_scale(context))
+            out = scale_energy(out, torch.repeat_interleave(scale, counts, 0, output_size=n_muons))
         if self.polar:
             return self._polar(out, n_muons, generator, cond, counts)
         muons = self._absolute_energy(out, self.muon_norm.inverse(out), cond, counts)
