@@ -240,9 +240,12 @@ class Generator(nn.Module):
             2 if self.polar else self.n_features,
             activation=leaky_relu_inplace,
         )
-        # the bundle's energy scale: zero at the start, so the map starts as the identity
-        self.energy_scale = nn.Linear(cfg.context, 2) if cfg.energy_scale_head else None
-        if self.energy_scale is not None:
+        # the bundle's energy scale: zero at the start, so the map starts as the identity;
+        # made without a random init, so the global RNG, and with it every other weight
+        # and draw of a seeded run, stays that of the same run without the head
+        self.energy_scale = None
+        if cfg.energy_scale_head:
+            self.energy_scale = nn.utils.skip_init(nn.Linear, cfg.context, 2)
             nn.init.zeros_(self.energy_scale.weight)
             nn.init.zeros_(self.energy_scale.bias)
 

@@ -41,6 +41,21 @@ def test_the_head_starts_as_the_identity(ragged, lateral_head):
     torch.testing.assert_close(_draw(gen, cond, counts), _draw(plain, cond, counts))
 
 
+def test_the_head_leaves_the_seeded_weights_of_everything_else_as_they_were():
+    """The head takes no random draws, so a seeded run with it starts from the weights of
+    the same run without it (a paired comparison changes only the head)."""
+    torch.manual_seed(3)
+    gen, critic = build_models(small_model_config(energy_scale_head=True))
+    after = torch.rand(3)
+    torch.manual_seed(3)
+    plain_gen, plain_critic = build_models(small_model_config())
+    torch.testing.assert_close(torch.rand(3), after)
+    for name, w in plain_gen.state_dict().items():
+        torch.testing.assert_close(gen.state_dict()[name], w, msg=name)
+    for name, w in plain_critic.state_dict().items():
+        torch.testing.assert_close(critic.state_dict()[name], w, msg=name)
+
+
 def test_each_events_energies_are_shifted_and_widened_by_its_own_scale(ragged):
     """With weights on the context, every event gets its own a and b: the head's muon
     energies are mean + std (a + exp(b) e), e the plain generator's standardised ones; the
