@@ -216,9 +216,10 @@ class ModelConfig:
     becomes a + exp(b) e (b clamped to [-4, 2]). The local net adds its context and noise
     inputs in its first layer, so a bundle-wide spread of the muon energies, which
     multiplies the noise's effect, it can make only through its bends; the head makes it
-    one product. Zero at the start (the map is the identity). Off by default so that older
-    checkpoints keep their shape (docs/fidelity.md, "A head for the bundle's energy
-    scale")."""
+    one product. Zero at the start (the map is the identity), made without random draws (a
+    seeded run keeps the other weights of the run without it). Off by default, and not in
+    a preset: its paired runs on the 17-a-row physics are not measured yet
+    (docs/fidelity.md, "A head for the bundle's energy scale")."""
 
 
 @dataclass
