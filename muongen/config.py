@@ -218,9 +218,9 @@ class ModelConfig:
     multiplies the noise's effect, it can make only through its bends; the head makes it
     one product. Zero at the start (the map is the identity), made without random draws (a
     seeded run keeps the other weights of the run without it). Off by default, and not in
-    a preset: on the 17-a-row physics (2 seeds, paired controls, held-out F3) it made the
-    worst ratio worse, 2.68 and 1.98 against 2.32 and 1.73 (docs/fidelity.md, "A head for
-    the bundle's energy scale")."""
+    a preset: on the 17-a-row physics (2 seeds x 2 held-out sets, paired controls) it made the
+    worst ratio worse on 3 of 4 pairs and the pooled muon energy on all 4 (docs/fidelity.md,
+    "A head for the bundle's energy scale")."""
 
 
 @dataclass
