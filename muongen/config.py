@@ -109,6 +109,15 @@ class ModelConfig:
     gives a 1.1-1.2x faster step but a worse pooled muon radius: docs/fidelity.md)."""
     critic_layers: int = 1
     """EPiC critic: muon <-> event exchange layers (2 measured no better, and slower)."""
+    critic_attention_heads: int = 0
+    """EPiC critic: heads of an attention pool beside the mean and the max in each exchange
+    layer (0, the default: none; :mod:`muongen.model.attention_pool`). Each muon gets a
+    weight per head from its own vector and its event's (a softmax within the event), and
+    each head pools its share of the ``critic_local_width`` channels with them, so the
+    critic can pick out the few muons that matter, such as the most energetic ones of a
+    rich bundle, which the mean dilutes by 1/N. Must divide ``critic_local_width``. Zero at
+    the start and made without random draws (a seeded run keeps the other weights of the
+    run without it). Not measured yet."""
     muon_critic: list[int] = field(default_factory=list)
     """Hidden widths of a per-muon critic beside the set critic (empty, the default: none;
     :mod:`muongen.model.muon_critic`). It scores each muon alone, s(muon, condition,
@@ -554,6 +563,15 @@ def validate(cfg: Config) -> None:
         ("train.step_shards", cfg.train.step_shards >= 0, "must be >= 0 (0: auto)"),
         ("train.cuda_graphs_max", cfg.train.cuda_graphs_max >= 1, "must be >= 1"),
         ("model.critic_log_radius_floor", cfg.model.critic_log_radius_floor > 0, "must be > 0"),
+        (
+            "model.critic_attention_heads",
+            cfg.model.critic_attention_heads == 0
+            or (
+                cfg.model.critic_attention_heads > 0
+                and cfg.model.critic_local_width % cfg.model.critic_attention_heads == 0
+            ),
+            "must be 0 (none) or a positive divisor of model.critic_local_width",
+        ),
         (
             "model.local_exp_noise",
             0 <= cfg.model.local_exp_noise <= cfg.model.z_local,

@@ -23,6 +23,7 @@ from torch import nn
 
 from muongen import schema
 from muongen.config import ModelConfig
+from muongen.model.attention_pool import AttentionPool
 from muongen.model.layers import Linear, leaky_relu, mlp, narrow_linear, split_linear
 from muongen.model.muon_critic import MuonCritic
 from muongen.model.normaliser import (
@@ -202,7 +203,10 @@ class EpicCritic(_SetCritic):
         self.cond_norm = ConditionStandardiser(cfg.slant_depth)
         self.embed = Linear(f, local)
         self.global_in = Linear(2 * local + 2 * f + nc + 1, wide)
-        self.layers = nn.ModuleList(_EpicLayer(local, wide, nc) for _ in range(cfg.critic_layers))
+        self.layers = nn.ModuleList(
+            _EpicLayer(local, wide, nc, cfg.critic_attention_heads)
+            for _ in range(cfg.critic_layers)
+        )
         # no output bias: a constant offset cancels in every WGAN loss and in the GP
         self.head = mlp(wide + nc, [wide], 1, activation=leaky_relu, out_bias=False)
         self._setup_muon_critic(cfg, f, nc)
@@ -250,12 +254,15 @@ def _pool(phi: torch.Tensor, counts: torch.Tensor, event_index: torch.Tensor) ->
 class _EpicLayer(nn.Module):
     """One residual exchange: muons read their event, the event reads its muons."""
 
-    def __init__(self, local: int, wide: int, n_cond: int) -> None:
+    def __init__(self, local: int, wide: int, n_cond: int, attention_heads: int = 0) -> None:
         super().__init__()
         self.local_in = Linear(wide + local, local)  # [g of the event, phi], split
         self.local_out = Linear(local, local)
         self.global_in = Linear(wide + 2 * local + n_cond, wide)
         self.global_out = Linear(wide, wide)
+        #: the event also reads its muons through an attention pool
+        #: (``model.critic_attention_heads``; zero at the start, no random draws), or None
+        self.attention = AttentionPool(local, wide, attention_heads) if attention_heads else None
 
     def forward(
         self,
@@ -267,5 +274,7 @@ class _EpicLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         h = _act_(split_linear(self.local_in, g, phi, counts, event_index))  # (N, L)
         phi = phi + _act_(self.local_out(h))
-        h = _act(self.global_in(torch.cat([g, _pool(phi, counts, event_index), cond], -1)))
-        return phi, g + _act(self.global_out(h))  # (N, L), (B, G)
+        h = self.global_in(torch.cat([g, _pool(phi, counts, event_index), cond], -1))
+        if self.attention is not None:
+            h = h + self.attention(phi, g, counts, event_index)
+        return phi, g + _act(self.global_out(_act(h)))  # (N, L), (B, G)
