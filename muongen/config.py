@@ -117,7 +117,10 @@ class ModelConfig:
     critic can pick out the few muons that matter, such as the most energetic ones of a
     rich bundle, which the mean dilutes by 1/N. Must divide ``critic_local_width``. Zero at
     the start and made without random draws (a seeded run keeps the other weights of the
-    run without it). Not measured yet."""
+    run without it). Off by default, and not in a preset: on the 17-a-row physics (4 heads,
+    2 seeds x 2 held-out sets, paired controls) it made the worst ratio worse on all 4
+    pairs, and it costs 18% of the step (docs/fidelity.md, "Attention pooling in the
+    critic")."""
     muon_critic: list[int] = field(default_factory=list)
     """Hidden widths of a per-muon critic beside the set critic (empty, the default: none;
     :mod:`muongen.model.muon_critic`). It scores each muon alone, s(muon, condition,
