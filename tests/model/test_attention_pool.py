@@ -12,7 +12,7 @@ from muongen.model.attention_pool import AttentionPool
 from muongen.model.pooling import event_index_of
 
 from .conftest import small_model_config
-from .test_critic import _shuffle_within_events
+from .test_critic import _shuffle_within_events, assert_scored_alone_as_together
 
 
 def _randomise(module: torch.nn.Module, seed: int = 7) -> None:
@@ -103,14 +103,8 @@ def test_the_critic_with_attention_stays_a_set_function(ragged):
     cond, muons, counts = ragged(b=30, max_count=8, seed=3)
     shuffled, order = _shuffle_within_events(muons, counts, seed=4)
     assert not torch.equal(order, torch.arange(len(order)))
-    scores = critic(muons, cond, counts)
-    torch.testing.assert_close(critic(shuffled, cond, counts), scores)
-    start = 0
-    for i in range(5):
-        n = int(counts[i])
-        alone = critic(muons[start : start + n], cond[i : i + 1], counts[i : i + 1])
-        torch.testing.assert_close(alone, scores[i : i + 1])
-        start += n
+    torch.testing.assert_close(critic(shuffled, cond, counts), critic(muons, cond, counts))
+    assert_scored_alone_as_together(critic, cond, muons, counts, 5)
 
 
 def test_the_pool_changes_the_score_and_learns(ragged):

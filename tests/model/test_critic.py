@@ -44,9 +44,14 @@ def test_events_are_scored_independently(critic_cfg, ragged):
     torch.manual_seed(0)
     _, critic = build_models(small_model_config(**critic_cfg))
     cond, muons, counts = ragged(b=10, seed=5)
+    assert_scored_alone_as_together(critic, cond, muons, counts, 10)
+
+
+def assert_scored_alone_as_together(critic, cond, muons, counts, n_events: int) -> None:
+    """Each of the first ``n_events`` events scores alone as it does in the batch."""
     scores = critic(muons, cond, counts)
     start = 0
-    for i in range(10):
+    for i in range(n_events):
         n = int(counts[i])
         alone = critic(muons[start : start + n], cond[i : i + 1], counts[i : i + 1])
         torch.testing.assert_close(alone, scores[i : i + 1])
