@@ -27,23 +27,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from muongen.model.pooling import rows_of, segment_sum
-
-
-def _zero_linear(n_in: int, n_out: int, bias: bool = True) -> nn.Linear:
-    """A Linear of zeros, made without random draws."""
-    layer = nn.utils.skip_init(nn.Linear, n_in, n_out, bias=bias)
-    with torch.no_grad():
-        layer.weight.zero_()
-        if layer.bias is not None:
-            layer.bias.zero_()
-    return layer
-
-
-def _segment_top(h: torch.Tensor, n_events: int, event_index: torch.Tensor) -> torch.Tensor:
-    """(N, K) -> (B, K) per-event maxima, without a gradient (0 for an event without rows)."""
-    rows = event_index.unsqueeze(1).expand(-1, h.shape[1])
-    return h.new_zeros(n_events, h.shape[1]).scatter_reduce_(0, rows, h, "amax", include_self=False)
+from muongen.model.layers import zero_linear
+from muongen.model.pooling import rows_of, segment_sum, segment_top
 
 
 class AttentionPool(nn.Module):
@@ -55,9 +40,9 @@ class AttentionPool(nn.Module):
         if heads < 1 or local % heads:
             raise ValueError(f"{heads} attention heads do not divide {local} channels")
         self.heads = heads
-        self.key = _zero_linear(local, heads, bias=False)  # each muon's answer
-        self.query = _zero_linear(wide, heads)  # each event's question
-        self.out = _zero_linear(local, wide, bias=False)
+        self.key = zero_linear(local, heads, bias=False)  # each muon's answer
+        self.query = zero_linear(wide, heads)  # each event's question
+        self.out = zero_linear(local, wide, bias=False)
 
     def weights(
         self, phi: torch.Tensor, g: torch.Tensor, counts: torch.Tensor, event_index: torch.Tensor
@@ -65,7 +50,7 @@ class AttentionPool(nn.Module):
         """(N, heads): each muon's weight in its event, per head (each head's weights of an
         event with muons sum to 1)."""
         logits = self.key(phi) + rows_of(self.query(g), event_index)  # (N, K)
-        top = _segment_top(logits.detach(), counts.shape[0], event_index)  # (B, K)
+        top = segment_top(logits.detach(), counts.shape[0], event_index)  # (B, K)
         w = torch.exp(logits - rows_of(top, event_index))
         total = segment_sum(w, event_index, counts.shape[0])  # (B, K), >= 1 with muons
         return w / rows_of(total.clamp(min=1.0), event_index)

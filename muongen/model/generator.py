@@ -51,6 +51,7 @@ from muongen.model.layers import (
     mlp,
     split_linear,
     split_parts,
+    zero_linear,
 )
 from muongen.model.losses import multiplicity_loss, multiplicity_nll
 from muongen.model.multiplicity import HurdleMultiplicity
@@ -245,9 +246,7 @@ class Generator(nn.Module):
         # and draw of a seeded run, stays that of the same run without the head
         self.energy_scale = None
         if cfg.energy_scale_head:
-            self.energy_scale = nn.utils.skip_init(nn.Linear, cfg.context, 2)
-            nn.init.zeros_(self.energy_scale.weight)
-            nn.init.zeros_(self.energy_scale.bias)
+            self.energy_scale = zero_linear(cfg.context, 2)
 
     @property
     def stochastic_multiplicity(self) -> bool:

@@ -203,6 +203,16 @@ def leaky_relu_inplace() -> nn.Module:
     return nn.LeakyReLU(0.2, inplace=True)
 
 
+def zero_linear(n_in: int, n_out: int, bias: bool = True) -> nn.Linear:
+    """A Linear of zeros, made without random draws (``nn.utils.skip_init``): a head added
+    to a seeded model leaves every other weight as the model without it draws them."""
+    layer = nn.utils.skip_init(nn.Linear, n_in, n_out, bias=bias)
+    nn.init.zeros_(layer.weight)
+    if layer.bias is not None:
+        nn.init.zeros_(layer.bias)
+    return layer
+
+
 def narrow_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``layer(x)`` for a Linear with a handful of inputs and many rows (the critic's
     embedding of each muon's 2-4 inputs): the same value and gradients, but the weight's

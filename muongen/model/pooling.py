@@ -88,6 +88,16 @@ def segment_mean(h: torch.Tensor, counts: torch.Tensor, event_index: torch.Tenso
     return total / counts.clamp(min=1).to(h.dtype).unsqueeze(-1)
 
 
+def segment_top(h: torch.Tensor, n_events: int, event_index: torch.Tensor) -> torch.Tensor:
+    """(N, H) rows -> (B, H) per-event, per-channel maxima, without a gradient (0 for an
+    event without rows): ``scatter_reduce``'s fast forward, for a shift such as a softmax's."""
+    if _use_wide(h, h.shape[1]):
+        rows = wide_index(event_index, h.shape[1])
+    else:
+        rows = event_index.unsqueeze(1).expand(-1, h.shape[1])
+    return h.new_zeros(n_events, h.shape[1]).scatter_reduce_(0, rows, h, "amax", include_self=False)
+
+
 def segment_max(h: torch.Tensor, counts: torch.Tensor, event_index: torch.Tensor) -> torch.Tensor:
     """(N, H) rows grouped by event -> (B, H) per-event, per-channel maxima (0 if empty)."""
     b = counts.shape[0]
@@ -119,11 +129,7 @@ class _SegmentMax(torch.autograd.Function):
         # scatter_reduce's forward is fast (its amax backward is the slow part, unused);
         # an event without rows keeps the 0 it starts from (include_self=False)
         b = counts.shape[0]
-        if _use_wide(h, h.shape[1]):
-            rows = wide_index(event_index, h.shape[1])
-        else:
-            rows = event_index.unsqueeze(1).expand(-1, h.shape[1])
-        top = h.new_zeros(b, h.shape[1]).scatter_reduce_(0, rows, h, "amax", include_self=False)
+        top = segment_top(h, b, event_index)
         top_rows = rows_of(top, event_index)  # (N, H), a fresh tensor
         weight = torch.eq(top_rows, h, out=top_rows)  # 1 at the maxima, 0 elsewhere
         if h.device.type != "cpu" or not _no_ties(weight, counts):
