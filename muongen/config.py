@@ -220,8 +220,19 @@ class ModelConfig:
     from a nucleon of energy E0 / A (the superposition model), so the top of every bundle's
     spectrum sits near 0 on this scale whatever the condition, and the generator does not
     have to move it across six decades of E0 / A. The critic then also sees each muon's
-    energy on this scale, as one more input. No energy is bounded: a muon above E0 / A can
-    still be drawn. Off by default so that older checkpoints keep their shape."""
+    energy on this scale, as one more input. No energy is bounded here: a muon above
+    E0 / A can still be drawn (``energy_fold`` bounds it). Off by default so that older
+    checkpoints keep their shape."""
+    energy_fold: bool = False
+    """Fold every generated muon energy into the range the simulation allows: one above
+    the primary's energy per nucleon E0 / A is reflected below it, then one below the least
+    muon energy of the events the normalisers are fitted on (the data's threshold, kept in
+    the checkpoint) is reflected above it, both in log10 E (and again, should one overshoot
+    the other edge too: :func:`muongen.model.generator.fold_energy`). A generator smooths the sharp
+    edges of a spectrum: without the fold it draws a few muons beyond them (~0.04% under
+    the threshold, ~0.002% over E0 / A on the 17-a-row physics) and too few just inside;
+    the fold puts that mass back inside. Off by default so that older checkpoints keep their
+    shape (docs/fidelity.md, "The energy's edges")."""
     energy_scale_head: bool = False
     """A head for each bundle's energy scale: a linear map of the event's context to a shift
     a and a log width b, and every muon's standardised energy output e of that event

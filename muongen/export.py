@@ -48,6 +48,7 @@ from muongen.model.generator import (
     LOG_STD_MAX,
     LOG_STD_MIN,
     energy_scale,
+    fold_energy,
     scale_energy,
     with_exp_noise,
 )
@@ -93,6 +94,7 @@ class PhysicalGenerator(nn.Module):
         self.polar_norm = getattr(generator, "polar_norm", None)
         self.energy_norm = getattr(generator, "energy_norm", None)  # energy_reference
         self.energy_scale = getattr(generator, "energy_scale", None)  # energy_scale_head
+        self.energy_floor = getattr(generator, "energy_floor", None)  # energy_fold
         self.training_domain: dict | None = None  # muongen.domain's record, into the metadata
 
     def forward(
@@ -126,9 +128,11 @@ class PhysicalGenerator(nn.Module):
         # (N, F) features; polar: [log E, r] from the standardised [log E, log r]
         feat = (self.polar_norm if self.polar else self.muon_norm).inverse(out)
         log_e = feat[:, 0]
+        ref = per_nucleon_energy(cond).index_select(0, event_of)
         if self.energy_norm is not None:  # per_nucleon: measured from each event's E0 / A
-            ref = per_nucleon_energy(cond).index_select(0, event_of)
             log_e = self.energy_norm.inverse(out[:, :1]).squeeze(-1) + ref
+        if self.energy_floor is not None:  # energy_fold: into [threshold, E0 / A]
+            log_e = fold_energy(log_e, self.energy_floor, ref)
         energy = schema.ENERGY_SCALE_GEV * torch.pow(10.0, log_e)
         if self.representation == "radial" or self.polar:
             r = feat[:, 1].abs() * schema.POSITION_SCALE_M
@@ -161,6 +165,7 @@ class PhysicalGenerator(nn.Module):
             "energy_reference": "none" if self.energy_norm is None else "per_nucleon",
             "local_exp_noise": str(self.local_exp_noise),
             "energy_scale_head": str(self.energy_scale is not None).lower(),
+            "energy_fold": str(self.energy_floor is not None).lower(),
             "max_muons": str(self.max_muons),
             "inputs": "conditions (B,4) [E GeV, zenith rad, A, depth m]; event_noise "
             "(B,2+z_global) [N(0,1), N(0,1) x z_global, U(0,1)]; muon_noise (M,z_local+1) "

@@ -52,10 +52,10 @@ def _checkpoint(tmp_path_factory, overrides: list[str]):
     scope="module",
     params=[
         "xy",
-        "radial",
+        "radial-fold",
         "xy-hurdle",
         "polar",
-        "polar-hurdle2-slant-pernucleon-exp2",
+        "polar-hurdle2-slant-pernucleon-exp2-fold",
         "xy-hurdle-escale",
         "xy-hurdle2-shared",
     ],
@@ -68,9 +68,11 @@ def small_checkpoint(request, tmp_path_factory):
     the energies measured from E0 / A (model.energy_reference) with two exponential
     per-muon noise inputs (model.local_exp_noise), once with the bundle's energy scale
     head (model.energy_scale_head), and
-    the hurdle head with exact counts on one shared trunk (model.mult_trunk): every noise
+    the hurdle head with exact counts on one shared trunk (model.mult_trunk), two of them
+    with the energies folded into the data's range (model.energy_fold): every noise
     input and every path of the heads is used."""
-    param, scale = request.param.removesuffix("-escale"), request.param.endswith("-escale")
+    param, fold = request.param.removesuffix("-fold"), request.param.endswith("-fold")
+    param, scale = param.removesuffix("-escale"), param.endswith("-escale")
     param, exp = param.removesuffix("-exp2"), param.endswith("-exp2")
     param, pern = param.removesuffix("-pernucleon"), param.endswith("-pernucleon")
     param, shared = param.removesuffix("-shared"), param.endswith("-shared")
@@ -84,6 +86,7 @@ def small_checkpoint(request, tmp_path_factory):
     overrides += [f"model.energy_reference={'per_nucleon' if pern else 'none'}"]
     overrides += [f"model.local_exp_noise={2 if exp else 0}"]
     overrides += [f"model.energy_scale_head={str(scale).lower()}"]
+    overrides += [f"model.energy_fold={str(fold).lower()}"]
     if representation == "polar":
         overrides += ["model.lateral_head=polar"]
     else:

@@ -90,6 +90,30 @@ def scale_energy(out: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return torch.cat([energy.unsqueeze(-1), out[:, 1:]], dim=1)
 
 
+#: model.energy_fold's floor before the normalisers are fitted: log10(E / 1e6 GeV) of
+#: 1e-24 GeV, below any energy (finite, so the fold stays the identity, never NaN)
+ENERGY_FLOOR_UNFITTED = -30.0
+
+
+#: fold_energy's least window (dex): an event whose E0 / A is at or under the threshold
+FOLD_MIN_WIDTH = 1e-6
+
+
+def fold_energy(
+    log_e: torch.Tensor, floor: torch.Tensor | float, ceiling: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Fold log energies (N,) into [floor, ceiling] (``model.energy_fold``): a value over
+    ``ceiling`` (N,) is reflected below it, one under ``floor`` above it, and one that
+    would overshoot the other edge too is reflected again (a triangle wave of period twice
+    the window). Without a ceiling only the floor reflects. The inside is untouched; the
+    map is continuous with slope +-1, so the gradient keeps its size past an edge."""
+    if ceiling is None:
+        return floor + (log_e - floor).abs()
+    width = (ceiling - floor).clamp(min=FOLD_MIN_WIDTH)
+    phase = torch.remainder(log_e - floor, 2.0 * width)
+    return floor + width - (phase - width).abs()
+
+
 def counts_from_log_mult(log_mult: torch.Tensor, max_muons: int = 0) -> torch.Tensor:
     """Muons per event from the head's output: round(max(10^m - 1, 0)), capped.
 
@@ -210,6 +234,11 @@ class Generator(nn.Module):
         # per_nucleon: the energy output is log10(E / (E0 / A)), standardised by its own
         # fitted mean and spread, E0 / A added back (model.energy_reference)
         self.energy_norm = Standardiser(1) if cfg.energy_reference == "per_nucleon" else None
+        # energy_fold: the least real muon energy, log10(E / 1e6 GeV), fitted with the
+        # normalisers (a buffer only then, so checkpoints without the fold keep their keys)
+        self.energy_fold = cfg.energy_fold
+        if cfg.energy_fold:
+            self.register_buffer("energy_floor", torch.tensor(ENERGY_FLOOR_UNFITTED))
         self.multiplicity_spread = None
         if cfg.multiplicity == "hurdle":
             self.multiplicity = HurdleMultiplicity(
@@ -387,13 +416,18 @@ class Generator(nn.Module):
         """``feat`` (N, F) un-standardised from ``out`` with, under
         ``model.energy_reference: per_nucleon``, column 0 replaced by the energy measured
         from each event's E0 / A (``cond`` (B', 4) and ``counts`` (B',) of the events the
-        muons belong to); otherwise ``feat`` itself."""
-        if self.energy_norm is None:
+        muons belong to), and under ``model.energy_fold`` folded into [the data's
+        threshold, E0 / A] (:func:`fold_energy`); otherwise ``feat`` itself."""
+        if self.energy_norm is None and not self.energy_fold:
             return feat
         ref = torch.repeat_interleave(
             per_nucleon_energy(cond).to(out.dtype), counts, output_size=out.shape[0]
         )
-        energy = self.energy_norm.inverse(out[:, :1]).squeeze(-1) + ref
+        energy = feat[:, 0]
+        if self.energy_norm is not None:
+            energy = self.energy_norm.inverse(out[:, :1]).squeeze(-1) + ref
+        if self.energy_fold:
+            energy = fold_energy(energy, self.energy_floor.to(out.dtype), ref)
         return torch.cat([energy.unsqueeze(-1), feat[:, 1:]], dim=-1)
 
     def _polar(

@@ -176,7 +176,8 @@ def fit_normalisers(generator: nn.Module, critic: nn.Module, batch: RaggedBatch)
 
     The generator and the critic get the same statistics, so the critic sees generated
     muons in the generator's own standardised coordinates. Conditions are fitted over all
-    events (empty ones too), muon features over all muons.
+    events (empty ones too), muon features over all muons; with ``model.energy_fold`` the
+    generator also keeps the least muon energy as its floor.
     """
     for model in (generator, critic):
         model.cond_norm.fit(batch.conditions)
@@ -189,6 +190,9 @@ def fit_normalisers(generator: nn.Module, critic: nn.Module, batch: RaggedBatch)
     polar = getattr(generator, "polar_norm", None)
     if polar is not None:
         polar.fit(polar_features(batch.muons))
+    floor = getattr(generator, "energy_floor", None)  # model.energy_fold: the threshold
+    if floor is not None and batch.muons.shape[0]:
+        floor.fill_(batch.muons[:, 0].min())
 
 
 def per_nucleon_energy(cond: torch.Tensor) -> torch.Tensor:
