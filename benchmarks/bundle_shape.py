@@ -2,6 +2,7 @@
 
     python benchmarks/bundle_shape.py --checkpoint RUN/checkpoints --data heldA \
         --energy 1e7,1e8 --muons 10,99 [--observable log10_energy] [--seeds 0,1]
+        [--quantiles 0.001,0.01,0.5,0.99,0.999]
 
 `muongen evaluate` names its worst bin (for example the muon log10 E of the 10-99-muon
 bundles at 1e7-1e8 GeV) with one W1 ratio. This script splits that corner's pooled
@@ -56,18 +57,22 @@ def parts(sample: EventSample, observable: str) -> dict[str, np.ndarray]:
     return {"pooled": values, "scale": means, "shape": values - means[event]}
 
 
-def quantiles(sample: EventSample, observable: str) -> dict[str, np.ndarray]:
-    """{part: its QUANTILES} (see :func:`parts`); NaN where a part is empty."""
+def quantiles(
+    sample: EventSample, observable: str, levels: np.ndarray = QUANTILES
+) -> dict[str, np.ndarray]:
+    """{part: its quantiles at ``levels``} (see :func:`parts`); NaN where a part is empty."""
     out = {}
     for name, values in parts(sample, observable).items():
-        out[name] = (
-            np.quantile(values, QUANTILES) if len(values) else np.full(len(QUANTILES), np.nan)
-        )
+        out[name] = np.quantile(values, levels) if len(values) else np.full(len(levels), np.nan)
     return out
 
 
 def noise(
-    real: EventSample, pick, observable: str, rng: np.random.Generator
+    real: EventSample,
+    pick,
+    observable: str,
+    rng: np.random.Generator,
+    levels: np.ndarray = QUANTILES,
 ) -> dict[str, np.ndarray]:
     """{part: root mean square over NOISE_SPLITS of (half A's quantiles - half B's)}, the
     halves drawn by shower; ``pick(sample)`` chooses the corner's events."""
@@ -77,8 +82,8 @@ def noise(
     for _ in range(NOISE_SPLITS):
         half = np.isin(groups, rng.permutation(ids)[: len(ids) // 2])
         a, b = real.take(half), real.take(~half)
-        qa = quantiles(a.take(pick(a)), observable)
-        qb = quantiles(b.take(pick(b)), observable)
+        qa = quantiles(a.take(pick(a)), observable, levels)
+        qb = quantiles(b.take(pick(b)), observable, levels)
         for name in qa:
             squares[name] = squares.get(name, 0.0) + (qa[name] - qb[name]) ** 2
     return {name: np.sqrt(s / NOISE_SPLITS) for name, s in squares.items()}
@@ -108,9 +113,17 @@ def main(argv: list[str] | None = None) -> int:
         help="a per-muon observable: log10_energy (default), log10_radius, radius, x, y",
     )
     ap.add_argument("--seeds", default="0", help="model draws, comma-separated (0)")
+    ap.add_argument(
+        "--quantiles",
+        default=",".join(f"{q:g}" for q in QUANTILES),
+        help="the quantiles printed, comma-separated, each in (0, 1) (0.01 to 0.99)",
+    )
     ap.add_argument("--events", type=int, default=None, help="first N held-out rows (all)")
     a = ap.parse_args(argv)
     energy, muons = _pair(a.energy, float), _pair(a.muons, int)
+    levels = np.array([float(q) for q in a.quantiles.split(",")])
+    if not ((levels > 0) & (levels < 1)).all():
+        ap.error(f"--quantiles {a.quantiles}: each must lie between 0 and 1")
     real_batch = read_inputs(a.data, a.events)
     real = EventSample.from_batch(real_batch)
     if a.observable not in real.muon:
@@ -119,8 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     picked = corner(real, energy, muons)
     if not picked.any():
         ap.error(f"no held-out event has a primary in {a.energy} GeV and {a.muons} muons")
-    reference = quantiles(real.take(picked), a.observable)
-    spread = noise(real, lambda s: corner(s, energy, muons), a.observable, np.random.default_rng(0))
+    reference = quantiles(real.take(picked), a.observable, levels)
+    pick = lambda s: corner(s, energy, muons)  # noqa: E731
+    spread = noise(real, pick, a.observable, np.random.default_rng(0), levels)
     n_muons = int(real.counts[picked].sum())
     print(
         f"{a.observable} at E0 {a.energy} GeV, {a.muons} muons: {int(picked.sum())} held-out"
@@ -134,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             sample = EventSample.from_arrays(
                 real.conditions, fake.muons.numpy(), fake.counts.numpy()
             )
-            q = quantiles(sample.take(corner(sample, energy, muons)), a.observable)
+            q = quantiles(sample.take(corner(sample, energy, muons)), a.observable, levels)
             models.append((f"{path} s{seed} - sim", q))
     width = max(20, *(len(label) + 1 for label, _ in models))
     for part, about in (
@@ -143,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         ("shape", "each muon minus its bundle's mean"),
     ):
         print(f"\n{part} ({about}): quantile")
-        print(_row("", QUANTILES, width, signed=False))
+        print(f"  {'':{width}s}" + " ".join(f"{q:7.4g}" for q in levels))
         print(_row("simulation", reference[part], width, signed=False))
         print(_row("halves' noise (rms)", spread[part], width, signed=False))
         for label, q in models:

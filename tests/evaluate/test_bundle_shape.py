@@ -63,3 +63,16 @@ def test_the_script_prints_the_three_parts_for_each_draw(
     with pytest.raises(SystemExit):  # a corner with no held-out event is named, not printed
         bundle_shape.main([*argv, "--energy", "1e20,1e21"])
     assert "no held-out event" in capsys.readouterr().err
+
+
+def test_the_quantiles_are_chosen_on_the_command_line(
+    bundle_shape, tiny_checkpoint, held_out, capsys
+):
+    argv = ["--checkpoint", str(tiny_checkpoint), "--data", str(held_out)]
+    argv += ["--energy", "1,1e12", "--muons", "1,1000"]
+    assert bundle_shape.main([*argv, "--quantiles", "0.001,0.5,0.999"]) == 0
+    header = capsys.readouterr().out.split("pooled (every muon): quantile\n")[1].splitlines()[0]
+    assert header.split() == ["0.001", "0.5", "0.999"]
+    with pytest.raises(SystemExit):
+        bundle_shape.main([*argv, "--quantiles", "0.5,1"])
+    assert "each must lie between 0 and 1" in capsys.readouterr().err
