@@ -23,7 +23,9 @@ def test_fold_reflects_each_side_and_leaves_the_inside_alone():
     folded.sum().backward()  # slope +-1: the gradient keeps its size past an edge
     torch.testing.assert_close(log_e.grad, torch.tensor([-1.0, -1, 1, 1, 1, -1, 1]))
     # no ceiling: only the floor
-    torch.testing.assert_close(fold_energy(torch.tensor([-2.0, 3.0]), 0.0), torch.tensor([2.0, 3.0]))
+    torch.testing.assert_close(
+        fold_energy(torch.tensor([-2.0, 3.0]), 0.0), torch.tensor([2.0, 3.0])
+    )
 
 
 def _pair(ragged, **changes):
