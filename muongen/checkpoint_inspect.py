@@ -8,7 +8,7 @@ checkpoint from a data file by its content (:func:`is_checkpoint`) and comes her
 Shown: step, events seen, created, muongen version; the preset the config matches (and
 the keys that differ from it) and what the run decided from its files' muons per row
 (the batch, the per-muon critic's weight); the model sizes with the parameter counts; the
-sha256, verified; the previous range's checkpoint the run continued, if any; the best validation
+range its muon energies are folded into (``model.energy_fold``); the sha256, verified; the previous range's checkpoint the run continued, if any; the best validation
 score; the training domain (:mod:`muongen.domain`).
 """
 
@@ -20,6 +20,7 @@ from typing import Any
 
 from muongen import checkpoint as ckpt
 from muongen import domain as training_domain
+from muongen import schema
 from muongen.inference import is_url, local_copy
 
 #: model settings shown (the sizes); the rest are in the config
@@ -126,6 +127,13 @@ def _decided(payload: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _energy_floor_gev(payload: dict[str, Any]) -> float | None:
+    """The least muon energy (GeV) a ``model.energy_fold`` generator draws, None without
+    the fold."""
+    floor = (payload.get("generator") or {}).get("energy_floor")
+    return None if floor is None else schema.ENERGY_SCALE_GEV * 10.0 ** float(floor)
+
+
 def inspect_checkpoint(source: str) -> dict[str, Any]:
     """Summary of a checkpoint as JSON-able values (see the module doc); its .pt is
     verified against the manifest's size and sha256 (CheckpointError if it fails)."""
@@ -156,6 +164,7 @@ def inspect_checkpoint(source: str) -> dict[str, Any]:
         "model": {k: model[k] for k in SIZE_KEYS if k in model},
         "parameters": _parameters(cfg),
         "ema": "generator_ema" in payload,
+        "energy_floor_gev": _energy_floor_gev(payload),
         "previous": (payload.get("lineage") or {}).get("previous"),
         "validation": {k: v for k, v in best.items()} if best else None,
         "training_domain": domain,
@@ -229,6 +238,13 @@ def format_text(info: dict[str, Any]) -> str:
         f"  model: {sizes}; parameters: generator {par['generator']:,}, critic "
         f"{par['critic']:,}" + ("; sampling uses the weight average (EMA)" if info["ema"] else "")
     )
+    floor = info.get("energy_floor_gev")
+    if floor is not None:
+        lines.append(
+            f"  muon energies folded into [{floor:.4g} GeV, E0 / A] (model.energy_fold: the"
+            " least muon energy its normalisers were fitted on, the primary's energy per"
+            " nucleon)"
+        )
     prev = info["previous"]
     lines.append(
         f"  previous range's checkpoint: {prev['name']} (range {prev['range']}, step "

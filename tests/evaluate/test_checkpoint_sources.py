@@ -234,3 +234,28 @@ def test_inspect_shows_what_the_run_decided_from_its_files(tmp_path, capsys):
     info = json.loads(capsys.readouterr().out)
     assert info["preset"]["differs_in"] == ["optim.muon_critic_weight"]
     assert info["decided"]["muon_critic_weight"] == 2.0
+
+
+def test_inspect_shows_the_folded_energy_range(tmp_path, capsys):
+    """A model.energy_fold checkpoint names the least muon energy its generator draws."""
+    from muongen.model import build_models
+
+    cfg = load_config("quality", ["model.energy_fold=true"])
+    generator = build_models(cfg.model)[0]
+    generator.energy_floor.fill_(np.log10(1.5 / 1e6))  # 1.5 GeV in the feature units
+    state = {"config": cfg.to_dict(), "generator": generator.state_dict(), "trainer": {}}
+    manifest = checkpoint.save(state, tmp_path / "ck", "step-000000005", step=5).manifest
+    assert main(["inspect", str(manifest)]) == 0
+    assert "muon energies folded into [1.5 GeV, E0 / A] (model.energy_fold" in (
+        capsys.readouterr().out
+    )
+    assert main(["inspect", "--json", str(manifest)]) == 0
+    assert json.loads(capsys.readouterr().out)["energy_floor_gev"] == pytest.approx(1.5)
+    # without the fold: no line, and null in the JSON
+    cfg = load_config("quality", [])
+    state = {"config": cfg.to_dict(), "generator": build_models(cfg.model)[0].state_dict()}
+    manifest = checkpoint.save(state, tmp_path / "ck2", "step-000000005", step=5).manifest
+    assert main(["inspect", str(manifest)]) == 0
+    assert "muon energies folded" not in capsys.readouterr().out
+    assert main(["inspect", "--json", str(manifest)]) == 0
+    assert json.loads(capsys.readouterr().out)["energy_floor_gev"] is None
