@@ -25,6 +25,13 @@ def small_model_config(**changes) -> ModelConfig:
     return ModelConfig(**base)
 
 
+def seeded_draw(gen, cond: torch.Tensor, counts: torch.Tensor, seed: int = 5) -> torch.Tensor:
+    """A generator's muons (N, F) for given conditions and counts, with fixed noise and no
+    autograd: two generators of the same weights draw the same muons."""
+    with torch.no_grad():
+        return gen.generate_with_counts(cond, counts, generator=torch.Generator().manual_seed(seed))
+
+
 def random_counts(b: int, gen: torch.Generator, max_count: int = 6, empty: float = 0.3):
     """(b,) int64 counts in [0, max_count] with about ``empty`` of them zero."""
     counts = torch.randint(1, max_count + 1, (b,), generator=gen)

@@ -11,7 +11,7 @@ from muongen.model import build_models
 from muongen.model.generator import ENERGY_FLOOR_UNFITTED, fold_energy
 from muongen.model.normaliser import fit_normalisers, per_nucleon_energy
 
-from .conftest import small_model_config
+from .conftest import seeded_draw, small_model_config
 
 
 def test_fold_reflects_each_side_and_leaves_the_inside_alone():
@@ -45,11 +45,6 @@ def _pair(ragged, **changes):
     return gen, plain, cond, counts
 
 
-def _draw(gen, cond, counts, seed=5):
-    with torch.no_grad():
-        return gen.generate_with_counts(cond, counts, generator=torch.Generator().manual_seed(seed))
-
-
 @pytest.mark.parametrize("energy_reference", ["none", "per_nucleon"])
 def test_the_generator_draws_no_muon_past_either_edge(ragged, energy_reference):
     gen, plain, cond, counts = _pair(ragged, energy_reference=energy_reference)
@@ -57,13 +52,13 @@ def test_the_generator_draws_no_muon_past_either_edge(ragged, energy_reference):
     # spread the standardised energy output to N(0, 2^2) over the muons (it is affine in
     # the last layer's row), so that many muons cross an edge
     norm = plain.energy_norm if plain.energy_norm is not None else plain.muon_norm
-    out = (_draw(plain, cond, counts)[:, 0] - norm.mean[0]) / norm.std[0]
+    out = (seeded_draw(plain, cond, counts)[:, 0] - norm.mean[0]) / norm.std[0]
     k = 2.0 / out.std()
     with torch.no_grad():
         for g in (gen, plain):
             g.local_net[-1].weight[0].mul_(k)
             g.local_net[-1].bias[0].sub_(out.mean()).mul_(k)
-    got, want = _draw(gen, cond, counts), _draw(plain, cond, counts)
+    got, want = seeded_draw(gen, cond, counts), seeded_draw(plain, cond, counts)
     ceiling = torch.repeat_interleave(per_nucleon_energy(cond), counts)
     low, high = want[:, 0] < -0.5, want[:, 0] > ceiling
     # both edges are crossed without the fold, and many muons are inside

@@ -11,7 +11,7 @@ from muongen.model import build_models
 from muongen.model.generator import ENERGY_LOG_WIDTH_MAX, energy_scale
 from muongen.model.normaliser import fit_normalisers
 
-from .conftest import small_model_config
+from .conftest import seeded_draw, small_model_config
 
 
 def _pair(ragged, lateral_head: str = "xy"):
@@ -29,16 +29,11 @@ def _pair(ragged, lateral_head: str = "xy"):
     return gen, plain, cond, counts
 
 
-def _draw(gen, cond, counts, seed=5):
-    with torch.no_grad():
-        return gen.generate_with_counts(cond, counts, generator=torch.Generator().manual_seed(seed))
-
-
 @pytest.mark.parametrize("lateral_head", ["xy", "polar"])
 def test_the_head_starts_as_the_identity(ragged, lateral_head):
     gen, plain, cond, counts = _pair(ragged, lateral_head)
     assert torch.count_nonzero(gen.energy_scale.weight) == 0
-    torch.testing.assert_close(_draw(gen, cond, counts), _draw(plain, cond, counts))
+    torch.testing.assert_close(seeded_draw(gen, cond, counts), seeded_draw(plain, cond, counts))
 
 
 def test_the_head_leaves_the_seeded_weights_of_everything_else_as_they_were():
@@ -64,7 +59,7 @@ def test_each_events_energies_are_shifted_and_widened_by_its_own_scale(ragged):
     with torch.no_grad():
         torch.nn.init.normal_(gen.energy_scale.weight, std=0.2)
         gen.energy_scale.bias.copy_(torch.tensor([0.3, 0.5]))
-    got, want = _draw(gen, cond, counts), _draw(plain, cond, counts)
+    got, want = seeded_draw(gen, cond, counts), seeded_draw(plain, cond, counts)
     torch.testing.assert_close(got[:, 1:], want[:, 1:])
     mean, std = gen.muon_norm.mean[0], gen.muon_norm.std[0]
     # the per-event [a, w] from the same context the generator computes (same seed)
@@ -84,7 +79,7 @@ def test_the_width_is_bounded(ragged):
     gen, _, cond, counts = _pair(ragged)
     with torch.no_grad():
         gen.energy_scale.bias.copy_(torch.tensor([0.0, 50.0]))
-    got = _draw(gen, cond, counts)
+    got = seeded_draw(gen, cond, counts)
     assert torch.isfinite(got).all()
     assert energy_scale(torch.tensor([[0.0, 50.0]]))[0, 1] == pytest.approx(
         torch.exp(torch.tensor(ENERGY_LOG_WIDTH_MAX)).item()
