@@ -8,8 +8,9 @@ checkpoint from a data file by its content (:func:`is_checkpoint`) and comes her
 Shown: step, events seen, created, muongen version; the preset the config matches (and
 the keys that differ from it) and what the run decided from its files' muons per row
 (the batch, the per-muon critic's weight); the model sizes with the parameter counts; the
-range its muon energies are folded into (``model.energy_fold``); the sha256, verified; the previous range's checkpoint the run continued, if any; the best validation
-score; the training domain (:mod:`muongen.domain`).
+range its muon energies are folded into (``model.energy_fold``); the sha256, verified;
+the previous range's checkpoint the run continued, if any; the best validation score;
+the training domain (:mod:`muongen.domain`).
 """
 
 from __future__ import annotations

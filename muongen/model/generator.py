@@ -235,10 +235,9 @@ class Generator(nn.Module):
         # fitted mean and spread, E0 / A added back (model.energy_reference)
         self.energy_norm = Standardiser(1) if cfg.energy_reference == "per_nucleon" else None
         # energy_fold: the least real muon energy, log10(E / 1e6 GeV), fitted with the
-        # normalisers (a buffer only then, so checkpoints without the fold keep their keys)
-        self.energy_fold = cfg.energy_fold
-        if cfg.energy_fold:
-            self.register_buffer("energy_floor", torch.tensor(ENERGY_FLOOR_UNFITTED))
+        # normalisers (None without the fold: not in the state, older checkpoints load)
+        floor = torch.tensor(ENERGY_FLOOR_UNFITTED) if cfg.energy_fold else None
+        self.register_buffer("energy_floor", floor)
         self.multiplicity_spread = None
         if cfg.multiplicity == "hurdle":
             self.multiplicity = HurdleMultiplicity(
@@ -418,7 +417,7 @@ class Generator(nn.Module):
         from each event's E0 / A (``cond`` (B', 4) and ``counts`` (B',) of the events the
         muons belong to), and under ``model.energy_fold`` folded into [the data's
         threshold, E0 / A] (:func:`fold_energy`); otherwise ``feat`` itself."""
-        if self.energy_norm is None and not self.energy_fold:
+        if self.energy_norm is None and self.energy_floor is None:
             return feat
         ref = torch.repeat_interleave(
             per_nucleon_energy(cond).to(out.dtype), counts, output_size=out.shape[0]
@@ -426,7 +425,7 @@ class Generator(nn.Module):
         energy = feat[:, 0]
         if self.energy_norm is not None:
             energy = self.energy_norm.inverse(out[:, :1]).squeeze(-1) + ref
-        if self.energy_fold:
+        if self.energy_floor is not None:
             energy = fold_energy(energy, self.energy_floor.to(out.dtype), ref)
         return torch.cat([energy.unsqueeze(-1), feat[:, 1:]], dim=-1)
 
