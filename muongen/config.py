@@ -232,7 +232,7 @@ class ModelConfig:
     edges of a spectrum: without the fold it draws a few muons beyond them (~0.04% under
     the threshold, ~0.002% over E0 / A on the 17-a-row physics) and too few just inside;
     the fold puts that mass back inside. Off by default so that older checkpoints keep their
-    shape (docs/fidelity.md, "The energy's edges")."""
+    shape; the ``quality`` preset sets it (docs/fidelity.md, "The energy's edges")."""
     energy_scale_head: bool = False
     """A head for each bundle's energy scale: a linear map of the event's context to a shift
     a and a log width b, and every muon's standardised energy output e of that event

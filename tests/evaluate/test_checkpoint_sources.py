@@ -240,7 +240,8 @@ def test_inspect_shows_the_folded_energy_range(tmp_path, capsys):
     """A model.energy_fold checkpoint names the least muon energy its generator draws."""
     from muongen.model import build_models
 
-    cfg = load_config("quality", ["model.energy_fold=true"])
+    cfg = load_config("quality", [])  # the preset folds (since 2026-12-07)
+    assert cfg.model.energy_fold
     generator = build_models(cfg.model)[0]
     generator.energy_floor.fill_(np.log10(1.5 / 1e6))  # 1.5 GeV in the feature units
     state = {"config": cfg.to_dict(), "generator": generator.state_dict(), "trainer": {}}
@@ -252,7 +253,7 @@ def test_inspect_shows_the_folded_energy_range(tmp_path, capsys):
     assert main(["inspect", "--json", str(manifest)]) == 0
     assert json.loads(capsys.readouterr().out)["energy_floor_gev"] == pytest.approx(1.5)
     # without the fold: no line, and null in the JSON
-    cfg = load_config("quality", [])
+    cfg = load_config("quality", ["model.energy_fold=false"])
     state = {"config": cfg.to_dict(), "generator": build_models(cfg.model)[0].state_dict()}
     manifest = checkpoint.save(state, tmp_path / "ck2", "step-000000005", step=5).manifest
     assert main(["inspect", str(manifest)]) == 0
