@@ -25,6 +25,13 @@ a resumed run keeps it and does not measure again. The margin (:data:`SAFETY`) c
 periodic checkpoints, the final save and the summary. Under torchrun every rank measures
 and the slowest one decides.
 
+A machine that slows down after the probe (a busy neighbour, a slower stretch of the run)
+would carry the run past its budget, so the decision is checked again every
+:data:`RECHECK_EVERY` steps after it, with the mean time a step since the probe began, by
+the same rule. A check only ever shortens the run (and moves the cosine's horizon with it:
+the learning rate steps down a little where it does); a machine that speeds up keeps the
+first decision. A resumed run does not check (its decision was made by another process).
+
 What it does not do: the measured time is the time on this machine at this moment, so a
 run whose budget binds is shorter on a busy machine, and two runs with one seed may then
 differ in length (the rounding keeps small differences out). A run that does not fit
@@ -50,6 +57,8 @@ PROBE_STEPS = 100
 SAFETY = 0.9
 #: the decided length is a multiple of this many steps
 ROUND_STEPS = 250
+#: steps between the checks of the decision against the mean time a step since the probe
+RECHECK_EVERY = 1000
 
 
 def steps_that_fit(
@@ -97,33 +106,71 @@ class StepBudget:
         self._t0 = clock()
         self._first: int | None = None  # the first step this process trained
         self._t_probe: float | None = None
+        self._probe_step: int | None = None  # the step done when the probe's clock started
+        self._decided_at: int | None = None  # the step this process decided at (not resumed)
 
     @property
     def enabled(self) -> bool:
         return self.train_cfg.budget_minutes > 0
 
     def after_step(self, step: int) -> None:
-        """Called after every step (``step``: steps done); times the probe and decides."""
-        if not self.enabled or self.decided is not None:
+        """Called after every step (``step``: steps done); times the probe and decides,
+        then checks the decision every RECHECK_EVERY steps."""
+        if not self.enabled:
+            return
+        if self.decided is not None:
+            self._recheck(step)
             return
         if self._first is None:
             self._first = step
         ran = step - self._first + 1  # steps of this process, this one included
         if ran == PROBE_FROM:
-            self._t_probe = self.clock()
+            self._t_probe, self._probe_step = self.clock(), step
         elif ran == PROBE_FROM + PROBE_STEPS and self._t_probe is not None:
-            now = self.clock()
-            per_step = (now - self._t_probe) / PROBE_STEPS
-            fit = self.slowest(
-                steps_that_fit(
-                    budget_s=60.0 * self.train_cfg.budget_minutes,
-                    elapsed_s=now - self._t0,
-                    seconds_per_step=per_step,
-                    steps_done=step,
-                )
-            )
+            per_step, fit = self._fit(step)
             self.seconds_per_step = per_step
+            self._decided_at = step
             self._decide(fit)
+
+    def _fit(self, step: int) -> tuple[float, int]:
+        """The mean seconds a step since the probe began, and the steps that fit at that
+        rate (the fewest over ranks)."""
+        assert self._t_probe is not None and self._probe_step is not None
+        now = self.clock()
+        per_step = (now - self._t_probe) / max(1, step - self._probe_step)
+        fit = steps_that_fit(
+            budget_s=60.0 * self.train_cfg.budget_minutes,
+            elapsed_s=now - self._t0,
+            seconds_per_step=per_step,
+            steps_done=step,
+        )
+        return per_step, self.slowest(fit)
+
+    def _recheck(self, step: int) -> None:
+        """Every RECHECK_EVERY steps after this process decided, until the decided end:
+        shorten the run where the steps since the probe were slower than the budget allows.
+        Every rank comes here at the same steps (the decision is agreed), so ``slowest``
+        stays collective."""
+        if self._decided_at is None or self.decided is None or step >= self.decided:
+            return
+        if (step - self._decided_at) % RECHECK_EVERY:
+            return
+        per_step, fit = self._fit(step)
+        if fit >= self.decided:
+            return
+        log.warning(
+            "train.budget_minutes=%g: %.3f s a step since step %d (%.3f at the probe): the "
+            "run ends at step %d, not %d, to stay within the budget",
+            self.train_cfg.budget_minutes,
+            per_step,
+            self._probe_step,
+            self.seconds_per_step,
+            fit,
+            self.decided,
+        )
+        self.decided = fit
+        self.seconds_per_step = per_step
+        self._apply()
 
     def _decide(self, fit: int) -> None:
         steps = min(self.requested, fit) if self.requested else fit
@@ -177,7 +224,7 @@ class StepBudget:
 
     def reset(self) -> None:
         self.decided = self.seconds_per_step = None
-        self._first = self._t_probe = None
+        self._first = self._t_probe = self._probe_step = self._decided_at = None
         self.train_cfg.max_steps = self.requested
 
 

@@ -93,6 +93,74 @@ def test_a_resume_keeps_the_decision_and_does_not_measure_again():
     assert resumed.decided is None and train.max_steps == 14000
 
 
+def _steps(part: StepBudget, clock: _Clock, seconds_per_step: float, first: int, last: int):
+    for step in range(first, last + 1):
+        clock.t += seconds_per_step
+        part.after_step(step)
+
+
+def test_a_machine_that_slows_down_after_the_probe_shortens_the_run_at_a_check():
+    """Probe at 0.1 s a step against 30 minutes: 14000 steps asked, 16000 would fit, so
+    14000 stay. Then each step takes 0.2 s: at the first check (step 1110, 1000 steps
+    later) the mean since the probe began (step 10) is 0.191 s (100 x 0.1 + 1000 x 0.2
+    over 1100), 1620 - 211 s = 1409 s are left, 7380 more steps: the run ends at 8250,
+    the horizon with it. Faster steps later never lengthen it again."""
+    clock, step = _Clock(), _Step()
+    train = TrainConfig(max_steps=14000, budget_minutes=30)
+    part = StepBudget(train, OptimConfig(schedule="cosine", warmup_steps=200), step, clock)
+    _run_probe(part, clock, 0.1)
+    assert part.decided == 14000 and step.horizons == [14000]
+    _steps(part, clock, 0.2, 111, 1109)
+    assert part.decided == 14000  # not a check step yet
+    _steps(part, clock, 0.2, 1110, 1110)
+    assert part.seconds_per_step == pytest.approx(210 / 1100)
+    assert part.decided == 8250 and train.max_steps == 8250 and step.horizons == [14000, 8250]
+    _steps(part, clock, 0.01, 1111, 8749)  # now very fast: the checks never lengthen it
+    assert part.decided == 8250 and step.horizons == [14000, 8250]
+
+
+def test_a_spent_budget_ends_the_run_at_the_check_and_a_steady_machine_is_left_alone():
+    clock, step = _Clock(), _Step()
+    train = TrainConfig(max_steps=14000, budget_minutes=10)
+    part = StepBudget(train, OptimConfig(schedule="cosine", warmup_steps=200), step, clock)
+    _run_probe(part, clock, 0.1)
+    first = part.decided
+    assert first is not None and first < 14000
+    _steps(part, clock, 0.1, 111, first - 1)  # the probe's pace all along: no change
+    assert part.decided == first and step.horizons == [first]
+    # a machine that stalls: the budget is gone at the next check, which ends the run there
+    clock, step = _Clock(), _Step()
+    train = TrainConfig(max_steps=14000, budget_minutes=10)
+    part = StepBudget(train, OptimConfig(schedule="cosine", warmup_steps=200), step, clock)
+    _run_probe(part, clock, 0.1)
+    _steps(part, clock, 5.0, 111, 1110)
+    assert part.decided == 1110 and train.max_steps == 1110
+
+
+def test_every_check_asks_the_ranks_and_a_resumed_run_does_not_check():
+    asked: list[int] = []
+
+    def slowest(steps: int) -> int:  # a rank elsewhere fits 500 fewer steps
+        asked.append(steps)
+        return steps - 500
+
+    clock, step = _Clock(), _Step()
+    train = TrainConfig(max_steps=20000, budget_minutes=30)
+    optim = OptimConfig(schedule="cosine", warmup_steps=200)
+    part = StepBudget(train, optim, step, clock, slowest=slowest)
+    _run_probe(part, clock, 0.1)  # 16000 fit here, 15500 on the slowest rank
+    assert part.decided == 15500 and len(asked) == 1
+    _steps(part, clock, 0.1, 111, 3110)  # checks at 1110, 2110 and 3110, each collective
+    assert len(asked) == 4 and part.decided == 15500
+    state = part.state_dict()
+    train = TrainConfig(max_steps=20000, budget_minutes=30)
+    resumed = StepBudget(train, optim, step, clock, slowest=slowest)
+    resumed.load_state_dict(state)
+    asked.clear()
+    _steps(resumed, clock, 5.0, 3111, 6200)
+    assert not asked and resumed.decided == state["decided"]
+
+
 def test_a_trainer_with_a_budget_ends_where_it_decided_with_the_rate_decayed(
     tiny_config, tmp_path, monkeypatch
 ):
