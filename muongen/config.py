@@ -460,9 +460,9 @@ class TrainConfig:
     """Wall-clock minutes one run should take, whatever the muons per row (0: off). Early in
     the run the seconds a step takes are measured, and max_steps (never above its value)
     and the cosine schedule's horizon (with optim.decay_steps 0) are set to what fits; every
-    1000 steps after that the decision is checked against the mean step since, and only ever
-    shortened (a machine that slows down). The run then ends as usual. The rule and its
-    constants: :mod:`muongen.train.budget`."""
+    1000 steps after that the end is set again from the mean step since (never past
+    max_steps), for a machine whose pace changed. The run then ends as usual. The rule and
+    its constants: :mod:`muongen.train.budget`."""
     budget_exit_code: int = EXIT_SELF_CHECKPOINT
     """Exit code after the time budget (85: HTCondor's 'checkpointed, restart me')."""
     signal_exit_code: int = 0

@@ -26,11 +26,12 @@ periodic checkpoints, the final save and the summary. Under torchrun every rank 
 and the slowest one decides.
 
 A machine that slows down after the probe (a busy neighbour, a slower stretch of the run)
-would carry the run past its budget, so the decision is checked again every
-:data:`RECHECK_EVERY` steps after it, with the mean time a step since the probe began, by
-the same rule. A check only ever shortens the run (and moves the cosine's horizon with it:
-the learning rate steps down a little where it does); a machine that speeds up keeps the
-first decision. A resumed run does not check (its decision was made by another process).
+would carry the run past its budget, and 100 steps are a noisy probe, so the decision is
+checked again every :data:`RECHECK_EVERY` steps after it, with the mean time a step since
+the probe began (the first check: 1100 steps), by the same rule. A check moves the run's
+end (never past ``train.max_steps``) and the cosine's horizon with it, so the learning rate
+steps a little where it does: down for a machine that slowed, up for one that was busy
+during the probe. A resumed run does not check (its decision was made by another process).
 
 What it does not do: the measured time is the time on this machine at this moment, so a
 run whose budget binds is shorter on a busy machine, and two runs with one seed may then
@@ -148,19 +149,21 @@ class StepBudget:
 
     def _recheck(self, step: int) -> None:
         """Every RECHECK_EVERY steps after this process decided, until the decided end:
-        shorten the run where the steps since the probe were slower than the budget allows.
-        Every rank comes here at the same steps (the decision is agreed), so ``slowest``
-        stays collective."""
+        move the run's end to what fits at the mean step since the probe began (capped at
+        the steps asked for). Every rank comes here at the same steps (the decision is
+        agreed), so ``slowest`` stays collective."""
         if self._decided_at is None or self.decided is None or step >= self.decided:
             return
         if (step - self._decided_at) % RECHECK_EVERY:
             return
         per_step, fit = self._fit(step)
-        if fit >= self.decided:
+        if self.requested:
+            fit = min(fit, self.requested)
+        if fit == self.decided:
             return
-        log.warning(
-            "train.budget_minutes=%g: %.3f s a step since step %d (%.3f at the probe): the "
-            "run ends at step %d, not %d, to stay within the budget",
+        (log.warning if fit < self.decided else log.info)(
+            "train.budget_minutes=%g: %.3f s a step since step %d (%.3f before): the run "
+            "ends at step %d, not %d, to fill its budget and stay within it",
             self.train_cfg.budget_minutes,
             per_step,
             self._probe_step,

@@ -99,12 +99,14 @@ def _steps(part: StepBudget, clock: _Clock, seconds_per_step: float, first: int,
         part.after_step(step)
 
 
-def test_a_machine_that_slows_down_after_the_probe_shortens_the_run_at_a_check():
+def test_the_checks_move_the_end_with_the_machine_s_pace_up_to_the_steps_asked():
     """Probe at 0.1 s a step against 30 minutes: 14000 steps asked, 16000 would fit, so
     14000 stay. Then each step takes 0.2 s: at the first check (step 1110, 1000 steps
     later) the mean since the probe began (step 10) is 0.191 s (100 x 0.1 + 1000 x 0.2
     over 1100), 1620 - 211 s = 1409 s are left, 7380 more steps: the run ends at 8250,
-    the horizon with it. Faster steps later never lengthen it again."""
+    the horizon with it. Then each step takes 0.01 s: at the next check (step 2110) the
+    mean is 220 s / 2100 steps, 1399 s are left, 15250 steps would fit: the run goes back
+    to the 14000 asked, no more."""
     clock, step = _Clock(), _Step()
     train = TrainConfig(max_steps=14000, budget_minutes=30)
     part = StepBudget(train, OptimConfig(schedule="cosine", warmup_steps=200), step, clock)
@@ -115,8 +117,11 @@ def test_a_machine_that_slows_down_after_the_probe_shortens_the_run_at_a_check()
     _steps(part, clock, 0.2, 1110, 1110)
     assert part.seconds_per_step == pytest.approx(210 / 1100)
     assert part.decided == 8250 and train.max_steps == 8250 and step.horizons == [14000, 8250]
-    _steps(part, clock, 0.01, 1111, 8749)  # now very fast: the checks never lengthen it
-    assert part.decided == 8250 and step.horizons == [14000, 8250]
+    _steps(part, clock, 0.01, 1111, 2109)
+    assert part.decided == 8250
+    _steps(part, clock, 0.01, 2110, 2110)
+    assert part.decided == 14000 and train.max_steps == 14000
+    assert step.horizons == [14000, 8250, 14000]
 
 
 def test_a_spent_budget_ends_the_run_at_the_check_and_a_steady_machine_is_left_alone():
