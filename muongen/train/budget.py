@@ -31,7 +31,9 @@ checked again every :data:`RECHECK_EVERY` steps after it, with the mean time a s
 the probe began (the first check: 1100 steps), by the same rule. A check moves the run's
 end (never past ``train.max_steps``) and the cosine's horizon with it, so the learning rate
 steps a little where it does: down for a machine that slowed, up for one that was busy
-during the probe. A resumed run does not check (its decision was made by another process).
+during the probe (by two multiples of :data:`ROUND_STEPS` at least, so a pace on a
+boundary does not make the end flip back and forth). A resumed run does not check (its
+decision was made by another process).
 
 What it does not do: the measured time is the time on this machine at this moment, so a
 run whose budget binds is shorter on a busy machine, and two runs with one seed may then
@@ -159,7 +161,9 @@ class StepBudget:
         per_step, fit = self._fit(step)
         if self.requested:
             fit = min(fit, self.requested)
-        if fit == self.decided:
+        # shorter by any amount (the budget holds); longer only by 2 x ROUND_STEPS, so the
+        # end does not flip between two multiples on a pace at their boundary
+        if fit == self.decided or self.decided < fit < self.decided + 2 * ROUND_STEPS:
             return
         (log.warning if fit < self.decided else log.info)(
             "train.budget_minutes=%g: %.3f s a step since step %d (%.3f before): the run "

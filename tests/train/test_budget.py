@@ -124,6 +124,18 @@ def test_the_checks_move_the_end_with_the_machine_s_pace_up_to_the_steps_asked()
     assert step.horizons == [14000, 8250, 14000]
 
 
+def test_a_check_lengthens_only_by_two_multiples_and_shortens_by_any():
+    clock, step = _Clock(), _Step()
+    train = TrainConfig(max_steps=14000, budget_minutes=30)
+    part = StepBudget(train, OptimConfig(schedule="cosine", warmup_steps=200), step, clock)
+    _run_probe(part, clock, 0.2)  # 1620 - 22 s at 0.2 s a step: 110 + 7990 -> 8000
+    assert part.decided == 8000
+    _steps(part, clock, 0.19, 111, 1110)  # one multiple more would fit (8250): kept
+    assert part.decided == 8000 and step.horizons == [8000]
+    _steps(part, clock, 0.22, 1111, 2110)  # slower: 7912 fit, shortened to 7750 at once
+    assert part.decided == 7750 and step.horizons == [8000, 7750]
+
+
 def test_a_spent_budget_ends_the_run_at_the_check_and_a_steady_machine_is_left_alone():
     clock, step = _Clock(), _Step()
     train = TrainConfig(max_steps=14000, budget_minutes=10)
