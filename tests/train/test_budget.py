@@ -3,6 +3,8 @@ time, kept across a resume."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from muongen.config import OptimConfig, TrainConfig
@@ -221,3 +223,42 @@ def test_a_trainer_with_a_budget_ends_where_it_decided_with_the_rate_decayed(
     again.resume("auto")
     assert cfg2.train.max_steps == decided and again.step == decided
     assert again.step_fn.learning_rates()["generator"] == pytest.approx(0.1 * peak)
+
+
+def test_a_trainer_whose_clock_slows_is_shortened_by_a_check_and_ends_decayed(
+    tiny_config, tmp_path, monkeypatch, caplog
+):
+    """A real run whose clock runs 1 s a reading through the probe and 4 s after: a check
+    moves the end earlier (the log says from where to where), the run ends where the last
+    check put it, and the cosine is at its floor at that step."""
+    monkeypatch.setattr(budget, "PROBE_FROM", 2)
+    monkeypatch.setattr(budget, "PROBE_STEPS", 4)
+    monkeypatch.setattr(budget, "ROUND_STEPS", 1)
+    monkeypatch.setattr(budget, "RECHECK_EVERY", 2)
+    readings = [0, 0.0]
+
+    def clock() -> float:
+        readings[0] += 1
+        readings[1] += 1.0 if readings[0] <= 60 else 4.0
+        return readings[1]
+
+    cfg = tiny_config(
+        train__max_steps=100000,
+        train__budget_minutes=2,
+        optim__schedule="cosine",
+        optim__warmup_steps=2,
+        optim__min_lr_ratio=0.1,
+        optim__ema_decay=0,
+    )
+    t = Trainer(cfg, tmp_path / "r", clock=clock)
+    with caplog.at_level("INFO", logger="muongen.train.budget"):
+        assert t.train() == 0
+    moves = [
+        (int(m.group(1)), int(m.group(2)))
+        for r in caplog.records
+        if (m := re.search(r"ends at step (\d+), not (\d+), to fill", r.getMessage()))
+    ]
+    assert any(new < old for new, old in moves)  # a check shortened the run
+    decided = t.budget.decided
+    assert decided == moves[-1][0] and t.step == decided == cfg.train.max_steps
+    assert t.step_fn.learning_rates()["generator"] == pytest.approx(0.1 * cfg.optim.lr_generator)
