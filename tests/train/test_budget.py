@@ -41,10 +41,14 @@ class _Clock:
         return self.t
 
 
-def _run_probe(part: StepBudget, clock: _Clock, seconds_per_step: float, first: int = 1) -> None:
-    for step in range(first, first + budget.PROBE_FROM + budget.PROBE_STEPS):
+def _steps(part: StepBudget, clock: _Clock, seconds_per_step: float, first: int, last: int):
+    for step in range(first, last + 1):
         clock.t += seconds_per_step
         part.after_step(step)
+
+
+def _run_probe(part: StepBudget, clock: _Clock, seconds_per_step: float, first: int = 1) -> None:
+    _steps(part, clock, seconds_per_step, first, first + budget.PROBE_FROM + budget.PROBE_STEPS - 1)
 
 
 def test_the_budget_shortens_a_run_that_does_not_fit_and_sets_the_horizon():
@@ -93,12 +97,6 @@ def test_a_resume_keeps_the_decision_and_does_not_measure_again():
     # a fresh start forgets it
     resumed.reset()
     assert resumed.decided is None and train.max_steps == 14000
-
-
-def _steps(part: StepBudget, clock: _Clock, seconds_per_step: float, first: int, last: int):
-    for step in range(first, last + 1):
-        clock.t += seconds_per_step
-        part.after_step(step)
 
 
 def test_the_checks_move_the_end_with_the_machine_s_pace_up_to_the_steps_asked():
@@ -180,29 +178,39 @@ def test_every_check_asks_the_ranks_and_a_resumed_run_does_not_check():
     assert not asked and resumed.decided == state["decided"]
 
 
+def _small_probe(monkeypatch) -> None:
+    """A probe of 4 steps from step 2, rounded to single steps: a tiny run decides early."""
+    monkeypatch.setattr(budget, "PROBE_FROM", 2)
+    monkeypatch.setattr(budget, "PROBE_STEPS", 4)
+    monkeypatch.setattr(budget, "ROUND_STEPS", 1)
+
+
+def _cosine_budget_config(tiny_config, minutes: float):
+    """A tiny run with a budget of ``minutes`` on a cosine decaying to 0.1 of its peak."""
+    return tiny_config(
+        train__max_steps=100000,
+        train__budget_minutes=minutes,
+        optim__schedule="cosine",
+        optim__warmup_steps=2,
+        optim__min_lr_ratio=0.1,
+        optim__ema_decay=0,
+    )
+
+
 def test_a_trainer_with_a_budget_ends_where_it_decided_with_the_rate_decayed(
     tiny_config, tmp_path, monkeypatch
 ):
     """A real run on a clock that counts its readings: the run ends at the step the budget
     decided (below train.max_steps), and the cosine reached its floor there; a resume from
     its checkpoint keeps that end."""
-    monkeypatch.setattr(budget, "PROBE_FROM", 2)
-    monkeypatch.setattr(budget, "PROBE_STEPS", 4)
-    monkeypatch.setattr(budget, "ROUND_STEPS", 1)
+    _small_probe(monkeypatch)
     readings = [0]
 
     def clock() -> float:  # every reading is 1 s later: a slow machine, deterministically
         readings[0] += 1
         return float(readings[0])
 
-    cfg = tiny_config(
-        train__max_steps=100000,
-        train__budget_minutes=0.6,  # 32.4 s of steps at several readings a step
-        optim__schedule="cosine",
-        optim__warmup_steps=2,
-        optim__min_lr_ratio=0.1,
-        optim__ema_decay=0,
-    )
+    cfg = _cosine_budget_config(tiny_config, 0.6)  # 32.4 s of steps, several readings a step
     t = Trainer(cfg, tmp_path / "r", clock=clock)
     assert t.train() == 0
     decided = t.budget.decided
@@ -211,14 +219,7 @@ def test_a_trainer_with_a_budget_ends_where_it_decided_with_the_rate_decayed(
     peak = cfg.optim.lr_generator
     assert t.step_fn.learning_rates()["generator"] == pytest.approx(0.1 * peak)
     # resumed with the config as the command gives it: the decided end is kept
-    cfg2 = tiny_config(
-        train__max_steps=100000,
-        train__budget_minutes=0.6,
-        optim__schedule="cosine",
-        optim__warmup_steps=2,
-        optim__min_lr_ratio=0.1,
-        optim__ema_decay=0,
-    )
+    cfg2 = _cosine_budget_config(tiny_config, 0.6)
     again = Trainer(cfg2, tmp_path / "r", clock=clock)
     again.resume("auto")
     assert cfg2.train.max_steps == decided and again.step == decided
@@ -231,9 +232,7 @@ def test_a_trainer_whose_clock_slows_is_shortened_by_a_check_and_ends_decayed(
     """A real run whose clock runs 1 s a reading through the probe and 4 s after: a check
     moves the end earlier (the log says from where to where), the run ends where the last
     check put it, and the cosine is at its floor at that step."""
-    monkeypatch.setattr(budget, "PROBE_FROM", 2)
-    monkeypatch.setattr(budget, "PROBE_STEPS", 4)
-    monkeypatch.setattr(budget, "ROUND_STEPS", 1)
+    _small_probe(monkeypatch)
     monkeypatch.setattr(budget, "RECHECK_EVERY", 2)
     readings = [0, 0.0]
 
@@ -242,14 +241,7 @@ def test_a_trainer_whose_clock_slows_is_shortened_by_a_check_and_ends_decayed(
         readings[1] += 1.0 if readings[0] <= 60 else 4.0
         return readings[1]
 
-    cfg = tiny_config(
-        train__max_steps=100000,
-        train__budget_minutes=2,
-        optim__schedule="cosine",
-        optim__warmup_steps=2,
-        optim__min_lr_ratio=0.1,
-        optim__ema_decay=0,
-    )
+    cfg = _cosine_budget_config(tiny_config, 2)
     t = Trainer(cfg, tmp_path / "r", clock=clock)
     with caplog.at_level("INFO", logger="muongen.train.budget"):
         assert t.train() == 0
