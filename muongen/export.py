@@ -95,6 +95,8 @@ class PhysicalGenerator(nn.Module):
         self.energy_norm = getattr(generator, "energy_norm", None)  # energy_reference
         self.energy_scale = getattr(generator, "energy_scale", None)  # energy_scale_head
         self.energy_floor = getattr(generator, "energy_floor", None)  # energy_fold
+        # train.calibrate_rows: the map fitted after training, when the checkpoint has one
+        self.energy_calibration = getattr(generator, "energy_calibration", None)
         self.training_domain: dict | None = None  # muongen.domain's record, into the metadata
 
     def forward(
@@ -133,6 +135,10 @@ class PhysicalGenerator(nn.Module):
             log_e = self.energy_norm.inverse(out[:, :1]).squeeze(-1) + ref
         if self.energy_floor is not None:  # energy_fold: into [threshold, E0 / A]
             log_e = fold_energy(log_e, self.energy_floor, ref)
+        if self.energy_calibration is not None:  # the map fitted after training
+            n_of_muon = counts.index_select(0, event_of)
+            log_e0 = cond[:, 0].index_select(0, event_of)
+            log_e = self.energy_calibration(log_e, n_of_muon, log_e0, ref)
         energy = schema.ENERGY_SCALE_GEV * torch.pow(10.0, log_e)
         if self.representation == "radial" or self.polar:
             r = feat[:, 1].abs() * schema.POSITION_SCALE_M
@@ -166,6 +172,7 @@ class PhysicalGenerator(nn.Module):
             "local_exp_noise": str(self.local_exp_noise),
             "energy_scale_head": str(self.energy_scale is not None).lower(),
             "energy_fold": str(self.energy_floor is not None).lower(),
+            "energy_calibration": str(self.energy_calibration is not None).lower(),
             "max_muons": str(self.max_muons),
             "inputs": "conditions (B,4) [E GeV, zenith rad, A, depth m]; event_noise "
             "(B,2+z_global) [N(0,1), N(0,1) x z_global, U(0,1)]; muon_noise (M,z_local+1) "

@@ -18,10 +18,36 @@ from muongen.export import PhysicalGenerator, example_inputs, sampler_noise
 from muongen.model import build_models
 
 
-def _checkpoint(tmp_path_factory, overrides: list[str]):
+def _calibration_state(generator) -> dict:
+    """An energy calibration (train.calibrate_rows) of ``generator`` onto "data" whose log
+    energies are its own stretched by 1.3 and moved up by 0.2 dex: every class it draws
+    enough muons of is mapped, and the ceiling E0 / A holds some muons back."""
+    from muongen import schema
+    from muongen.model import calibration
+
+    rng = np.random.default_rng(3)
+    n = 6000
+    cond = np.column_stack(
+        [
+            10 ** rng.uniform(4, 8, n),
+            rng.uniform(0, 1.2, n),
+            rng.choice([1.0, 4.0, 56.0], n),
+            rng.uniform(1000, 2800, n),
+        ]
+    )
+    drawn = generate(generator, torch.as_tensor(cond, dtype=torch.float32), seed=1)
+    log_e0 = np.log10(cond[:, 0] / schema.ENERGY_SCALE_GEV)
+    log_e = np.log10(drawn.muons[:, 0].double().numpy() / schema.ENERGY_SCALE_GEV)
+    counts = drawn.counts.numpy()
+    data = (log_e0, 1.3 * (log_e - log_e.mean()) + log_e.mean() + 0.2, counts)
+    return calibration.fit(data, (log_e0, log_e, counts))
+
+
+def _checkpoint(tmp_path_factory, overrides: list[str], calibrated: bool = False):
     """A checkpoint of a small untrained generator whose multiplicity head says about
     5 muons per event (untrained weights would give none), written by the trainer's own
-    checkpoint writer so that export loads it the way it loads a real one."""
+    checkpoint writer so that export loads it the way it loads a real one; ``calibrated``:
+    with an energy calibration (train.calibrate_rows)."""
     from muongen import checkpoint
 
     cfg = load_config(None, SMALL + overrides)
@@ -41,10 +67,12 @@ def _checkpoint(tmp_path_factory, overrides: list[str]):
         if generator.energy_scale is not None:  # widths that differ between events
             torch.nn.init.normal_(generator.energy_scale.weight, std=0.3)
             generator.energy_scale.bias.copy_(torch.tensor([0.2, 0.3]))
+    payload = {"config": cfg.to_dict(), "generator": generator.state_dict()}
+    if calibrated:
+        payload["energy_calibration"] = _calibration_state(generator)
+        assert int(payload["energy_calibration"]["fitted"].sum()) >= 4
     out = tmp_path_factory.mktemp("ckpt")
-    saved = checkpoint.save(
-        {"config": cfg.to_dict(), "generator": generator.state_dict()}, out, "small", step=3
-    )
+    saved = checkpoint.save(payload, out, "small", step=3)
     return saved.manifest
 
 
@@ -58,6 +86,7 @@ def _checkpoint(tmp_path_factory, overrides: list[str]):
         "polar-hurdle2-slant-pernucleon-exp2-fold",
         "xy-hurdle-escale",
         "xy-hurdle2-shared",
+        "xy-hurdle-fold-cal",
     ],
 )
 def small_checkpoint(request, tmp_path_factory):
@@ -69,9 +98,11 @@ def small_checkpoint(request, tmp_path_factory):
     per-muon noise inputs (model.local_exp_noise), once with the bundle's energy scale
     head (model.energy_scale_head), and
     the hurdle head with exact counts on one shared trunk (model.mult_trunk), two of them
-    with the energies folded into the data's range (model.energy_fold): every noise
-    input and every path of the heads is used."""
-    param, fold = request.param.removesuffix("-fold"), request.param.endswith("-fold")
+    with the energies folded into the data's range (model.energy_fold), one of them with
+    an energy calibration (train.calibrate_rows): every noise input and every path of the
+    heads is used."""
+    param, cal = request.param.removesuffix("-cal"), request.param.endswith("-cal")
+    param, fold = param.removesuffix("-fold"), param.endswith("-fold")
     param, scale = param.removesuffix("-escale"), param.endswith("-escale")
     param, exp = param.removesuffix("-exp2"), param.endswith("-exp2")
     param, pern = param.removesuffix("-pernucleon"), param.endswith("-pernucleon")
@@ -91,7 +122,7 @@ def small_checkpoint(request, tmp_path_factory):
         overrides += ["model.lateral_head=polar"]
     else:
         overrides += [f"model.representation={representation}"]
-    return _checkpoint(tmp_path_factory, overrides)
+    return _checkpoint(tmp_path_factory, overrides, calibrated=cal)
 
 
 def _loaded(checkpoint):

@@ -238,6 +238,10 @@ class Generator(nn.Module):
         # normalisers (None without the fold: not in the state, older checkpoints load)
         floor = torch.tensor(ENERGY_FLOOR_UNFITTED) if cfg.energy_fold else None
         self.register_buffer("energy_floor", floor)
+        # train.calibrate_rows: the muon energies' map fitted after training
+        # (muongen.model.calibration), attached for sampling by open_for_inference; never
+        # part of the generator's own state
+        self.energy_calibration: nn.Module | None = None
         self.multiplicity_spread = None
         if cfg.multiplicity == "hurdle":
             self.multiplicity = HurdleMultiplicity(
@@ -416,17 +420,22 @@ class Generator(nn.Module):
         ``model.energy_reference: per_nucleon``, column 0 replaced by the energy measured
         from each event's E0 / A (``cond`` (B', 4) and ``counts`` (B',) of the events the
         muons belong to), and under ``model.energy_fold`` folded into [the data's
-        threshold, E0 / A] (:func:`fold_energy`); otherwise ``feat`` itself."""
-        if self.energy_norm is None and self.energy_floor is None:
+        threshold, E0 / A] (:func:`fold_energy`), then through the energy calibration when
+        one is attached (``energy_calibration``); otherwise ``feat`` itself."""
+        calibration = self.energy_calibration
+        if self.energy_norm is None and self.energy_floor is None and calibration is None:
             return feat
-        ref = torch.repeat_interleave(
-            per_nucleon_energy(cond).to(out.dtype), counts, output_size=out.shape[0]
-        )
+        n = out.shape[0]
+        ref = torch.repeat_interleave(per_nucleon_energy(cond).to(out.dtype), counts, output_size=n)
         energy = feat[:, 0]
         if self.energy_norm is not None:
             energy = self.energy_norm.inverse(out[:, :1]).squeeze(-1) + ref
         if self.energy_floor is not None:
             energy = fold_energy(energy, self.energy_floor.to(out.dtype), ref)
+        if calibration is not None:
+            n_of_muon = torch.repeat_interleave(counts, counts, output_size=n)
+            log_e0 = torch.repeat_interleave(cond[:, 0], counts, output_size=n)
+            energy = calibration(energy, n_of_muon, log_e0, ref)
         return torch.cat([energy.unsqueeze(-1), feat[:, 1:]], dim=-1)
 
     def _polar(

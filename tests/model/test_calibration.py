@@ -1,0 +1,123 @@
+"""train.calibrate_rows's map (muongen.model.calibration): fitted on a biased draw it
+brings fresh draws back to the data's quantiles, class by class, keeps every muon's rank
+in its class, holds muons under E0 / A, and the generator applies it where it is attached."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from muongen.data.batch import RaggedBatch
+from muongen.model import build_models
+from muongen.model.calibration import (
+    STATE_VERSION,
+    EnergyCalibration,
+    fit,
+    muon_classes,
+)
+from muongen.model.normaliser import fit_normalisers, per_nucleon_energy
+
+from .conftest import seeded_draw, small_model_config
+
+
+def _sample(rng, n_events: int, biased: bool):
+    """(log10 E0 (B,), log10 E (N,), counts (B,)) in feature units: bundles of 1, 5, 30
+    and 150 muons; ``biased``: the 5-muon bundles 0.2 dex high and the 30-muon ones
+    stretched 1.5x about their middle."""
+    counts = rng.choice([1, 5, 30, 150], size=n_events, p=[0.4, 0.3, 0.2, 0.1])
+    log_e0 = rng.uniform(-2.0, 2.0, n_events)
+    size = np.repeat(counts, counts)
+    log_e = rng.normal(-3.0, 0.5, counts.sum()) + 0.1 * np.repeat(log_e0, counts)
+    if biased:
+        log_e = np.where(size == 5, log_e + 0.2, log_e)
+        log_e = np.where(size == 30, -3.0 + 1.5 * (log_e + 3.0), log_e)
+    return log_e0, log_e, counts
+
+
+def _apply(cal, sample, ceiling_dex: float = 10.0):
+    log_e0, log_e, counts = sample
+    e0 = torch.as_tensor(np.repeat(log_e0, counts))
+    return cal.double()(
+        torch.as_tensor(log_e), torch.as_tensor(np.repeat(counts, counts)), e0, e0 + ceiling_dex
+    ).numpy()
+
+
+def test_the_map_brings_fresh_draws_to_the_data_class_by_class():
+    rng = np.random.default_rng(0)
+    cal = EnergyCalibration(fit(_sample(rng, 8000, False), _sample(rng, 8000, True)))
+    fresh, truth = _sample(rng, 8000, True), _sample(rng, 8000, False)
+    got = _apply(cal, fresh)
+    size, want_size = np.repeat(fresh[2], fresh[2]), np.repeat(truth[2], truth[2])
+    q = [0.05, 0.25, 0.5, 0.75, 0.95]
+    for n in (1, 5, 30, 150):
+        ref = np.quantile(truth[1][want_size == n], q)
+        np.testing.assert_allclose(np.quantile(got[size == n], q), ref, atol=0.04)
+        if n in (5, 30):  # the bias was there to undo
+            assert np.abs(np.quantile(fresh[1][size == n], q) - ref).max() > 0.15
+    # monotone within a class: every muon keeps its rank among its class's muons
+    cls = muon_classes(
+        torch.as_tensor(size), torch.as_tensor(np.repeat(fresh[0], fresh[2])), cal.e0_edges
+    ).numpy()
+    for c in np.unique(cls):
+        sel = cls == c
+        order = np.argsort(fresh[1][sel], kind="stable")
+        assert (np.diff(got[sel][order]) >= -1e-9).all()
+
+
+def test_the_ceiling_holds_and_unmapped_classes_are_left_as_drawn():
+    rng = np.random.default_rng(1)
+    data, model = _sample(rng, 6000, False), _sample(rng, 6000, True)
+    # no bundles of 150 in the draw fitted on: their classes are not mapped
+    keep = model[2] != 150
+    model = (model[0][keep], model[1][np.repeat(keep, model[2])], model[2][keep])
+    state = fit(data, model)
+    cal = EnergyCalibration(state)
+    assert not state["fitted"][-4:].any() and state["fitted"][4:12].all()
+    fresh = _sample(rng, 3000, True)
+    got = _apply(cal, fresh)
+    big = np.repeat(fresh[2], fresh[2]) == 150
+    np.testing.assert_allclose(got[big], fresh[1][big])
+    capped = _apply(cal, fresh, ceiling_dex=-5.0)  # E0 / A 5 dex under E0: many over it
+    ceiling = np.repeat(fresh[0], fresh[2]) - 5.0
+    assert (capped <= ceiling + 1e-12).all() and (got > ceiling).mean() > 0.2
+
+
+def test_a_calibration_of_another_version_or_shape_is_refused():
+    rng = np.random.default_rng(2)
+    state = fit(_sample(rng, 3000, False), _sample(rng, 3000, True))
+    with pytest.raises(ValueError, match="version 99; this muongen reads"):
+        EnergyCalibration({**state, "version": 99})
+    with pytest.raises(ValueError, match="table of shape"):
+        EnergyCalibration({**state, "table": state["table"][:5]})
+    assert state["version"] == STATE_VERSION
+    text = EnergyCalibration(state).describe()
+    # per energy quartile ~300 single muons and ~1100 in 5-muon bundles: under MIN_MUONS
+    assert text.startswith("8 of 16 classes mapped, fitted on 3,000 training rows")
+    assert text.endswith(f"({state['muons']:,} muons)")
+
+
+def test_the_generator_applies_an_attached_calibration_after_the_fold(ragged):
+    cfg = small_model_config(energy_fold=True, energy_reference="per_nucleon")
+    torch.manual_seed(0)
+    gen, critic = build_models(cfg)
+    cond, muons, counts = ragged(b=3000, seed=1, max_count=40, empty=0.1)
+    fit_normalisers(gen, critic, RaggedBatch(cond, muons, counts))
+    plain = seeded_draw(gen, cond, counts)
+    rng = np.random.default_rng(3)
+    log_e0 = cond[:, 0].double().numpy()
+    model = (log_e0, plain[:, 0].double().numpy(), counts.numpy())
+    data = (log_e0, model[1] - 0.3 + 0.05 * rng.standard_normal(len(model[1])), counts.numpy())
+    gen.energy_calibration = EnergyCalibration(fit(data, model))
+    assert gen.energy_calibration.fitted[8:12].all()  # the 10-99-muon bundles: most muons
+    got = seeded_draw(gen, cond, counts)
+    n = int(counts.sum())
+    want = gen.energy_calibration(
+        plain[:, 0],
+        torch.repeat_interleave(counts, counts, output_size=n),
+        torch.repeat_interleave(cond[:, 0], counts, output_size=n),
+        torch.repeat_interleave(per_nucleon_energy(cond), counts, output_size=n),
+    )
+    torch.testing.assert_close(got[:, 0], want)
+    torch.testing.assert_close(got[:, 1:], plain[:, 1:])  # positions as drawn
+    assert (got[:, 0] - plain[:, 0]).mean() < -0.2  # the map moved them, as fitted
