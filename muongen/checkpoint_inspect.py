@@ -135,6 +135,20 @@ def _energy_floor_gev(payload: dict[str, Any]) -> float | None:
     return None if floor is None else schema.ENERGY_SCALE_GEV * 10.0 ** float(floor)
 
 
+def _calibration(payload: dict[str, Any]) -> dict[str, Any] | None:
+    """What the checkpoint's energy calibration (train.calibrate_rows) was fitted on."""
+    state = payload.get("energy_calibration")
+    if not state:
+        return None
+    fitted = state.get("fitted")
+    return {
+        "events": state.get("events"),
+        "muons": state.get("muons"),
+        "classes_mapped": None if fitted is None else int(fitted.sum()),
+        "classes": None if fitted is None else int(fitted.numel()),
+    }
+
+
 def inspect_checkpoint(source: str) -> dict[str, Any]:
     """Summary of a checkpoint as JSON-able values (see the module doc); its .pt is
     verified against the manifest's size and sha256 (CheckpointError if it fails)."""
@@ -166,6 +180,7 @@ def inspect_checkpoint(source: str) -> dict[str, Any]:
         "parameters": _parameters(cfg),
         "ema": "generator_ema" in payload,
         "energy_floor_gev": _energy_floor_gev(payload),
+        "energy_calibration": _calibration(payload),
         "previous": (payload.get("lineage") or {}).get("previous"),
         "validation": {k: v for k, v in best.items()} if best else None,
         "training_domain": domain,
@@ -246,6 +261,15 @@ def format_text(info: dict[str, Any]) -> str:
             " least muon energy its normalisers were fitted on, the primary's energy per"
             " nucleon)"
         )
+    cal = info.get("energy_calibration")
+    lines.append(
+        f"  muon energies calibrated after training (train.calibrate_rows): "
+        f"{cal['classes_mapped']} of {cal['classes']} classes mapped, on {cal['events']:,} "
+        f"training rows ({cal['muons']:,} muons)"
+        if cal
+        else "  muon energies as the generator draws them (no calibration: train.calibrate_rows"
+        " 0, or not the run's final checkpoint)"
+    )
     prev = info["previous"]
     lines.append(
         f"  previous range's checkpoint: {prev['name']} (range {prev['range']}, step "

@@ -50,12 +50,15 @@ def local_copy(path: str | os.PathLike) -> str:
     return text[len("file://") :] if text.startswith("file://") else text
 
 
-def open_for_inference(path: str | os.PathLike, device: str | torch.device = "cpu") -> Inference:
+def open_for_inference(
+    path: str | os.PathLike, device: str | torch.device = "cpu", calibrated: bool = True
+) -> Inference:
     """The generator of a checkpoint (.pt, .json, a checkpoint folder, or the URL of any of
     them, fetched and sha-checked through :mod:`muongen.storage`) with its manifest and
     training domain. The generator carries the checkpoint's weight average
     (``optim.ema_decay``) when it has one, else the trained weights; it is in eval mode on
-    ``device``."""
+    ``device``. With ``calibrated`` (the default) it carries the checkpoint's energy
+    calibration (``train.calibrate_rows``) when it has one."""
     from muongen.model import build_models
     from muongen.model.ema import inference_weights
 
@@ -66,6 +69,8 @@ def open_for_inference(path: str | os.PathLike, device: str | torch.device = "cp
     generator, _ = build_models(cfg.model)
     weights, what = inference_weights(payload)
     load_module(generator, weights, what, manifest)
+    if calibrated and payload.get("energy_calibration"):
+        generator.energy_calibration = calibration_of(payload["energy_calibration"], manifest)
     return Inference(
         generator=generator.to(device).eval(),
         config=cfg,
@@ -74,6 +79,21 @@ def open_for_inference(path: str | os.PathLike, device: str | torch.device = "cp
         domain=payload.get("domain"),
         source=source,
     )
+
+
+def calibration_of(state: Any, manifest: Path) -> nn.Module:
+    """The :class:`muongen.model.calibration.EnergyCalibration` of a checkpoint's state."""
+    from muongen.errors import CheckpointError
+    from muongen.model.calibration import EnergyCalibration
+
+    try:
+        return EnergyCalibration(state)
+    except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+        raise CheckpointError(
+            f"{manifest}: its energy calibration cannot be read ({exc}); open it with a "
+            "muongen as new as the one that wrote it, or evaluate it uncalibrated "
+            "(muongen evaluate --uncalibrated)"
+        ) from None
 
 
 def load_for_inference(path: str | os.PathLike, device: str | torch.device = "cpu"):

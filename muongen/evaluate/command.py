@@ -124,6 +124,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="measure the model on one generation for all splits (as before 2026-11-27: "
         "faster, but that draw's noise is in every split and not in the errors)",
     )
+    parser.add_argument(
+        "--uncalibrated",
+        action="store_true",
+        help="the generator's own muon energies, without the calibration the checkpoint "
+        "carries (train.calibrate_rows)",
+    )
     add_output_options(parser)  # --overwrite, --domain
 
 
@@ -275,11 +281,16 @@ def _check_outputs(args: argparse.Namespace) -> None:
     check_folder(args.out, OUTPUT_FILES, inputs=args.data_files, overwrite=args.overwrite)
 
 
+def _calibration_note(generator: torch.nn.Module) -> str:
+    calibration = getattr(generator, "energy_calibration", None)
+    return "none" if calibration is None else calibration.describe()
+
+
 def _evaluate(args: argparse.Namespace, device: torch.device) -> int:
     from muongen import domain as training_domain
     from muongen.inference import open_for_inference
 
-    model = open_for_inference(args.checkpoint, device)
+    model = open_for_inference(args.checkpoint, device, calibrated=not args.uncalibrated)
     generator = model.generator
     real = read_inputs(args.data_files, args.events)
     extrapolated = training_domain.check(
@@ -309,6 +320,7 @@ def _evaluate(args: argparse.Namespace, device: torch.device) -> int:
         "muongen_version": __version__,
         "device": str(device),
         "seed": args.seed,
+        "energy_calibration": _calibration_note(generator),
     }
     result["training_domain"] = extrapolated
     from muongen.outputs import writing

@@ -358,7 +358,15 @@ def write_report(
     path = Path(path)
     meta = result.get("meta", {})
     lines = ["# muongen evaluation", ""]
-    for key in ("checkpoint", "step", "data", "created", "muongen_version", "device"):
+    for key in (
+        "checkpoint",
+        "step",
+        "energy_calibration",
+        "data",
+        "created",
+        "muongen_version",
+        "device",
+    ):
         if key in meta:
             value = meta[key]
             value = ", ".join(map(str, value)) if isinstance(value, list) else value

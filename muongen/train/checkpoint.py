@@ -199,11 +199,12 @@ class Checkpointer:
         by_time = bool(minutes) and self.clock() - self._t_last > 60 * minutes
         return by_steps, by_time
 
-    def save(self, state: dict[str, Any], step: int) -> fmt.Saved | None:
+    def save(self, state: dict[str, Any], step: int, again: bool = False) -> fmt.Saved | None:
         """Write ``state`` as ``step-NNNNNNNNN`` and rotate (rank 0 writes; every rank calls,
-        after gathering ``state`` collectively)."""
+        after gathering ``state`` collectively); ``again``: also when this step is on disk
+        already (its state has gained a part since: the energy calibration)."""
         name = fmt.STEP_NAME.format(step)
-        if self._on_disk(self.dir / f"{name}.json"):
+        if not again and self._on_disk(self.dir / f"{name}.json"):
             # this very step is on disk already (a checkpoint step, then the end of training
             # or a stop; or the step resumed from): a second copy only costs time and space
             self._t_last = self.clock()

@@ -34,6 +34,7 @@ from muongen.monitor.tensorboard import run_log_dir
 from muongen.train import distributed as ddp
 from muongen.train.batch_size import MuonBatch
 from muongen.train.budget import StepBudget, fewest_over_ranks
+from muongen.train.calibrate import EnergyCalibrationPart, fit_on_files
 from muongen.train.checkpoint import UNWRITABLE, Checkpointer, unwritable
 from muongen.train.monitor import TrainingMonitor
 from muongen.train.muon_weight import MuonWeight
@@ -192,6 +193,9 @@ class Trainer:
             cfg.train, cfg.optim, self.step_fn, clock, fewest_over_ranks(agree)
         )
         self.add_part("budget", self.budget)
+        # train.calibrate_rows: the muon energies' map, fitted when the run finishes
+        self.calibration = EnergyCalibrationPart()
+        self.add_part("energy_calibration", self.calibration)
         self.best = None  # the best validation's checkpoint, kept when validation runs
         if cfg.data.val_paths and cfg.logging.val_every:
             from muongen.evaluate.validation import BestCheckpoint
@@ -444,7 +448,10 @@ class Trainer:
             stop.training = True
             code = self._loop(profile_steps)
             if code == EXIT_DONE:
-                self.save_checkpoint()
+                # the final step's checkpoint may be on disk already: written again with
+                # the map (rank 0 fitted it; every rank agrees, the save is collective)
+                (again,) = ddp.agree([int(self._calibrate())], self.dist, self.device)
+                self.save_checkpoint(again=bool(again))
                 self._write_summary(self.clock() - self._t_start)
         except OSError as exc:
             if exc.errno not in UNWRITABLE:
@@ -567,9 +574,10 @@ class Trainer:
             if self.dist.is_main:
                 self.best.save(state, range_name=self.checkpointer.range_name)
 
-    def save_checkpoint(self) -> fmt.Saved | None:
-        """Write a checkpoint of the current state (rank 0 writes; every rank must call)."""
-        return self.checkpointer.save(self.state_dict(), self.step)
+    def save_checkpoint(self, again: bool = False) -> fmt.Saved | None:
+        """Write a checkpoint of the current state (rank 0 writes; every rank must call);
+        ``again``: also when this step's checkpoint is on disk already."""
+        return self.checkpointer.save(self.state_dict(), self.step, again)
 
     def _fit_normalisers(self) -> None:
         from muongen.data.reader import read_events
@@ -589,6 +597,22 @@ class Trainer:
             if sample.n_events:
                 fit_normalisers(self.generator, self.critic, self.to_features(sample))
                 return
+
+    def _calibrate(self) -> bool:
+        """``train.calibrate_rows``: fit the muon energies' map of the finished generator
+        (rank 0, which writes the checkpoint that holds it); whether it did."""
+        rows = self.cfg.train.calibrate_rows
+        if rows <= 0 or not self.dist.is_main:
+            return False
+        self.calibration.state = fit_on_files(
+            self.sampler,
+            self.files,
+            rows,
+            device=self.device,
+            seed=self.cfg.train.seed,
+            strict=self.cfg.data.strict,
+        )
+        return bool(self.calibration.state)
 
     def _close(self) -> None:
         """Close every sink; an error while closing is logged, never raised over another."""

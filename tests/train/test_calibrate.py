@@ -1,0 +1,68 @@
+"""train.calibrate_rows: a run that finishes maps its generator's muon energies onto the
+training files' and stores the map in its final checkpoint only; sampling, export and
+`muongen inspect` read it, `evaluate --uncalibrated` leaves it off, and a run that resumes
+and trains on starts without it."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from muongen import checkpoint as ckpt
+from muongen.checkpoint_inspect import format_text, inspect_checkpoint
+from muongen.evaluate.sample import generate, read_inputs
+from muongen.inference import open_for_inference
+from muongen.train.trainer import Trainer
+
+
+def test_a_finished_run_calibrates_its_final_checkpoint_only(
+    tiny_config, tiny_data, tmp_path, caplog, monkeypatch
+):
+    # the tiny untrained model draws few muons: map the classes it draws 50 of
+    monkeypatch.setattr("muongen.model.calibration.MIN_MUONS", 50)
+    run = tmp_path / "r"
+    cfg = tiny_config(train__max_steps=20, train__calibrate_rows=100000, checkpoint__every_steps=10)
+    with caplog.at_level(logging.INFO, "muongen.train.calibrate"):
+        assert Trainer(cfg, run).train() == 0
+    said = [r.getMessage() for r in caplog.records if r.name == "muongen.train.calibrate"]
+    assert len(said) == 1 and "fitted on 1,600 training rows" in said[0]
+    assert "dex before" in said[0]
+    manifests = sorted((run / "checkpoints").glob("step-*.json"))
+    assert [ckpt.read_manifest(m)["step"] for m in manifests] == [10, 20]
+    assert not ckpt.load(manifests[0]).get("energy_calibration")
+    state = ckpt.load(manifests[1])["energy_calibration"]
+    assert state["events"] == 1600 and 0 < int(state["fitted"].sum()) <= 16
+
+    # sampling carries the map; --uncalibrated (calibrated=False) leaves it off
+    on = open_for_inference(manifests[1]).generator
+    off = open_for_inference(manifests[1], calibrated=False).generator
+    assert on.energy_calibration is not None and off.energy_calibration is None
+    cond = read_inputs([str(tiny_data)], 400).conditions
+    a, b = generate(on, cond, seed=4), generate(off, cond, seed=4)
+    assert torch.equal(a.counts, b.counts)
+    torch.testing.assert_close(a.muons[:, 1:], b.muons[:, 1:])
+    moved = (a.muons[:, 0] / b.muons[:, 0] - 1).abs() > 1e-4
+    assert moved.float().mean() > 0.2
+    text = format_text(inspect_checkpoint(str(manifests[1])))
+    assert "muon energies calibrated after training (train.calibrate_rows)" in text
+    assert "no calibration" in format_text(inspect_checkpoint(str(manifests[0])))
+
+    # a resumed run trains on: it starts without the map and fits its own at its end
+    more = tiny_config(train__max_steps=30, train__calibrate_rows=100000)
+    resumed = Trainer(more, run)
+    assert resumed.resume("auto") is not None and resumed.calibration.state == {}
+    assert resumed.train() == 0
+    last = ckpt.find_latest(run / "checkpoints")
+    assert ckpt.read_manifest(last)["step"] == 30
+    assert ckpt.load(last)["energy_calibration"]["events"] == 1600
+
+
+def test_a_run_without_calibrate_rows_or_stopped_early_has_no_map(tiny_config, tmp_path):
+    run = tmp_path / "plain"
+    assert Trainer(tiny_config(train__max_steps=10), run).train() == 0
+    assert not ckpt.load(ckpt.find_latest(run / "checkpoints")).get("energy_calibration")
+    stopped = tmp_path / "budget"
+    cfg = tiny_config(train__max_steps=10**6, train__calibrate_rows=1000, train__time_budget_s=0.5)
+    assert Trainer(cfg, stopped).train() == cfg.train.budget_exit_code
+    assert not ckpt.load(ckpt.find_latest(stopped / "checkpoints")).get("energy_calibration")
