@@ -66,3 +66,34 @@ def test_a_run_without_calibrate_rows_or_stopped_early_has_no_map(tiny_config, t
     cfg = tiny_config(train__max_steps=10**6, train__calibrate_rows=1000, train__time_budget_s=0.5)
     assert Trainer(cfg, stopped).train() == cfg.train.budget_exit_code
     assert not ckpt.load(ckpt.find_latest(stopped / "checkpoints")).get("energy_calibration")
+
+
+def test_the_benchmark_fits_the_trainers_map_on_a_checkpoint_and_scores_it(
+    tiny_config, tiny_data, tmp_path, load_script, monkeypatch
+):
+    """benchmarks/calibrated_candidate.py: ``--by off`` scores the checkpoint as `muongen
+    evaluate` does (the same metrics.json figures); with the map it scores another
+    candidate, named so in the metadata."""
+    import json
+
+    from muongen.cli import main
+
+    monkeypatch.setattr("muongen.model.calibration.MIN_MUONS", 50)
+    run = tmp_path / "r"
+    assert Trainer(tiny_config(train__max_steps=10), run).train() == 0
+    bench = load_script("benchmarks/calibrated_candidate.py")
+    ck, held = str(run / "checkpoints"), str(tiny_data)
+    common = ["--checkpoint", ck, "--fit", held, "--data", held, "--n-splits", "2"]
+    assert bench.main([*common, "--by", "off", "--out", str(tmp_path / "off")]) == 0
+    assert bench.main([*common, "--out", str(tmp_path / "on")]) == 0
+    args = ["evaluate", "--checkpoint", ck, "--data", held, "--n-splits", "2", "--threads", "1"]
+    assert main([*args, "--out", str(tmp_path / "ev")]) == 0
+    off, on, ev = (
+        json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("off", "on", "ev")
+    )
+    assert off["summary"]["median_ratio"] == ev["summary"]["median_ratio"]
+    assert off["overall"] == ev["overall"]
+    assert on["meta"]["checkpoint"].endswith("+ energy calibration")
+    energy = "muon_log10_energy"
+    assert on["overall"][energy]["model"] != off["overall"][energy]["model"]
+    assert on["overall"]["muon_radius"]["model"] == off["overall"]["muon_radius"]["model"]
