@@ -9,6 +9,7 @@ and fetches that format), so neither of them imports the other's user.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,8 @@ import torch
 from torch import nn
 
 from muongen.checkpoint import config_of, load, load_module, read_manifest, resolve
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -71,6 +74,11 @@ def open_for_inference(
     load_module(generator, weights, what, manifest)
     if calibrated and payload.get("energy_calibration"):
         generator.energy_calibration = calibration_of(payload["energy_calibration"], manifest)
+        log.info(
+            "%s: muon energies calibrated after training (%s)",
+            manifest.name,
+            generator.energy_calibration.describe(),
+        )
     return Inference(
         generator=generator.to(device).eval(),
         config=cfg,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 import torch
 
 from muongen import checkpoint as ckpt
@@ -62,6 +63,15 @@ def test_a_run_without_calibrate_rows_or_stopped_early_has_no_map(tiny_config, t
     run = tmp_path / "plain"
     assert Trainer(tiny_config(train__max_steps=10), run).train() == 0
     assert not ckpt.load(ckpt.find_latest(run / "checkpoints")).get("energy_calibration")
+    # a map this muongen cannot read: a clear error naming the file, and the way around it
+    from muongen.errors import CheckpointError
+
+    payload = ckpt.load(ckpt.find_latest(run / "checkpoints"))
+    payload["energy_calibration"] = {"version": 99}
+    saved = ckpt.save(payload, tmp_path / "future", "step-000000010", step=10)
+    with pytest.raises(CheckpointError, match=r"step-000000010.json: its energy calibration"):
+        open_for_inference(saved.manifest)
+    assert open_for_inference(saved.manifest, calibrated=False).generator is not None
     stopped = tmp_path / "budget"
     cfg = tiny_config(train__max_steps=10**6, train__calibrate_rows=1000, train__time_budget_s=0.5)
     assert Trainer(cfg, stopped).train() == cfg.train.budget_exit_code
