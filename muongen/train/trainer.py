@@ -29,7 +29,7 @@ from muongen.data.report import REPORT_NAME
 from muongen.data.stream import files_digest
 from muongen.devices import resolve_device
 from muongen.domain import DomainTracker
-from muongen.errors import CheckpointError, InputFileError, TrainingError
+from muongen.errors import CheckpointError, InputFileError, MuongenError, TrainingError
 from muongen.monitor.tensorboard import run_log_dir
 from muongen.train import distributed as ddp
 from muongen.train.batch_size import MuonBatch
@@ -604,14 +604,23 @@ class Trainer:
         rows = self.cfg.train.calibrate_rows
         if rows <= 0 or not self.dist.is_main:
             return False
-        self.calibration.state = fit_on_files(
-            self.sampler,
-            self.files,
-            rows,
-            device=self.device,
-            seed=self.cfg.train.seed,
-            strict=self.cfg.data.strict,
-        )
+        try:
+            self.calibration.state = fit_on_files(
+                self.sampler,
+                self.files,
+                rows,
+                device=self.device,
+                seed=self.cfg.train.seed,
+                strict=self.cfg.data.strict,
+            )
+        except (MuongenError, OSError, ValueError, RuntimeError) as exc:
+            # the trained model is worth more than its map: checkpoint it without one
+            log.warning(
+                "energy calibration failed (%s); the final checkpoint is written without it "
+                "(train.calibrate_rows=0 skips it)",
+                exc,
+            )
+            self.calibration.reset()
         return bool(self.calibration.state)
 
     def _close(self) -> None:

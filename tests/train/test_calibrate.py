@@ -107,3 +107,27 @@ def test_the_benchmark_fits_the_trainers_map_on_a_checkpoint_and_scores_it(
     energy = "muon_log10_energy"
     assert on["overall"][energy]["model"] != off["overall"][energy]["model"]
     assert on["overall"]["muon_radius"]["model"] == off["overall"]["muon_radius"]["model"]
+
+
+def test_a_calibration_that_fails_leaves_the_trained_checkpoint(
+    tiny_config, tmp_path, caplog, monkeypatch
+):
+    """An error while fitting the map (here an unreadable training file met with
+    data.strict) is a warning: the run still ends with its final checkpoint, without a map."""
+    from muongen.errors import InputFileError
+
+    def fail(*args, **kwargs):
+        raise InputFileError("/data/0003.parquet: truncated (a test)")
+
+    monkeypatch.setattr("muongen.train.trainer.fit_on_files", fail)
+    run = tmp_path / "r"
+    cfg = tiny_config(train__max_steps=7, train__calibrate_rows=1000)
+    with caplog.at_level(logging.WARNING, "muongen.train.trainer"):
+        assert Trainer(cfg, run).train() == 0
+    last = ckpt.find_latest(run / "checkpoints")
+    assert ckpt.read_manifest(last)["step"] == 7
+    assert not ckpt.load(last).get("energy_calibration")
+    assert any(
+        "energy calibration failed (/data/0003.parquet: truncated" in r.getMessage()
+        for r in caplog.records
+    )
