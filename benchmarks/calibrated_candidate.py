@@ -3,7 +3,7 @@ evaluate`'s yardstick: what ``train.calibrate_rows`` would have given it, withou
 it again.
 
     python benchmarks/calibrated_candidate.py --checkpoint run/checkpoints --fit train \
-        --data heldA --out ev-cal-heldA [--fit-rows N] [--by off]
+        --data heldA --out ev-cal-heldA [--fit-rows N] [--by off] [--depth-bins 4]
 
 The map is the trainer's own (:func:`muongen.train.calibrate.fit_on_files`, the classes and
 quantile matching of :mod:`muongen.model.calibration`), fitted on the first ``--fit-rows``
@@ -47,6 +47,12 @@ def main(argv: list[str] | None = None) -> int:
         help="mult-energy: the trainer's map (bundle size x primary-energy quartile); "
         "off: none, the control",
     )
+    ap.add_argument(
+        "--depth-bins",
+        type=int,
+        default=1,
+        help="also split the classes by this many depth quantiles (1: none, as the trainer)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--n-splits", type=int, default=DEFAULT_SPLITS)
     a = ap.parse_args(argv)
@@ -56,7 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     generator = model.generator
     if a.by != "off":
         files = expand_inputs(a.fit)
-        state = fit_on_files(generator, files, a.fit_rows or 2**62, device="cpu", seed=a.seed)
+        rows = a.fit_rows or 2**62
+        state = fit_on_files(
+            generator, files, rows, device="cpu", seed=a.seed, depth_bins=a.depth_bins
+        )
         generator.energy_calibration = EnergyCalibration(state)
         print(f"energy calibration: {generator.energy_calibration.describe()}")
     real = read_inputs(a.data)

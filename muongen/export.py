@@ -138,7 +138,8 @@ class PhysicalGenerator(nn.Module):
         if self.energy_calibration is not None:  # the map fitted after training
             n_of_muon = counts.index_select(0, event_of)
             log_e0 = cond[:, 0].index_select(0, event_of)
-            log_e = self.energy_calibration(log_e, n_of_muon, log_e0, ref)
+            depth = cond[:, 3].index_select(0, event_of)
+            log_e = self.energy_calibration(log_e, n_of_muon, log_e0, depth, ref)
         energy = schema.ENERGY_SCALE_GEV * torch.pow(10.0, log_e)
         if self.representation == "radial" or self.polar:
             r = feat[:, 1].abs() * schema.POSITION_SCALE_M

@@ -47,52 +47,71 @@ MIN_MUONS = 2000
 
 
 def muon_classes(
-    n_of_muon: torch.Tensor, log_e0: torch.Tensor, e0_edges: torch.Tensor
+    n_of_muon: torch.Tensor,
+    log_e0: torch.Tensor,
+    e0_edges: torch.Tensor,
+    depth: torch.Tensor | None = None,
+    depth_edges: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Each muon's class (N,) int64 from its bundle's size (N,) and its primary's log10
-    energy (N,, any fixed unit, as ``e0_edges``): comparisons and sums only (exportable)."""
+    """Each muon's class (N,) int64 from its bundle's size (N,), its primary's log10
+    energy (N,, any fixed unit, as ``e0_edges``) and, with ``depth_edges`` (not empty), its
+    depth (N,, as ``depth_edges``): comparisons and sums only (exportable)."""
     mult = sum((n_of_muon >= edge).to(torch.int64) for edge in MULT_EDGES)
     energy = (log_e0.unsqueeze(-1) >= e0_edges.to(log_e0.dtype)).to(torch.int64).sum(-1)
-    return mult * (e0_edges.numel() + 1) + energy
+    cls = mult * (e0_edges.numel() + 1) + energy
+    if depth is None or depth_edges is None or depth_edges.numel() == 0:
+        return cls
+    band = (depth.unsqueeze(-1) >= depth_edges.to(depth.dtype)).to(torch.int64).sum(-1)
+    return cls * (depth_edges.numel() + 1) + band
 
 
-def n_classes(n_e0_edges: int) -> int:
-    return (len(MULT_EDGES) + 1) * (n_e0_edges + 1)
+def n_classes(n_e0_edges: int, n_depth_edges: int = 0) -> int:
+    return (len(MULT_EDGES) + 1) * (n_e0_edges + 1) * (n_depth_edges + 1)
 
 
 def fit(
-    data: tuple[np.ndarray, np.ndarray, np.ndarray],
-    model: tuple[np.ndarray, np.ndarray, np.ndarray],
+    data: tuple[np.ndarray, ...],
+    model: tuple[np.ndarray, ...],
     n_energy_bins: int = 4,
+    n_depth_bins: int = 1,
 ) -> dict[str, Any]:
     """The calibration's state from the training data and the generator's draw for the
     same primaries.
 
     Args:
-        data, model: (log10 E0 (B,), log10 muon energy (N,), muons per event (B,)), in the
-            generator's feature units (log10(E / 1e6 GeV)); muons event after event.
+        data, model: (log10 E0 (B,), log10 muon energy (N,), muons per event (B,)[, depth
+            (B,)]), in the generator's feature units (log10(E / 1e6 GeV), depth / 1 km);
+            muons event after event. The depth is needed with ``n_depth_bins`` > 1.
         n_energy_bins: primary-energy classes (quantiles of the data's log10 E0).
+        n_depth_bins: depth classes (quantiles of the data's depth; 1: none).
 
     Returns:
         the state :class:`EnergyCalibration` is built from (tensors and numbers).
     """
-    d_e0, d_le, d_n = (np.asarray(a) for a in data)
-    m_e0, m_le, m_n = (np.asarray(a) for a in model)
+    d_e0, d_le, d_n = (np.asarray(a) for a in data[:3])
+    m_e0, m_le, m_n = (np.asarray(a) for a in model[:3])
     edges = np.quantile(d_e0, np.arange(1, n_energy_bins) / n_energy_bins)
     t_edges = torch.as_tensor(edges, dtype=torch.float64)
+    depth_edges = np.zeros(0)
+    if n_depth_bins > 1:
+        depth_edges = np.quantile(np.asarray(data[3]), np.arange(1, n_depth_bins) / n_depth_bins)
+    t_depth = torch.as_tensor(depth_edges, dtype=torch.float64)
 
-    def classes(e0, n):
+    def classes(sample, e0, n):
         e0 = torch.as_tensor(e0, dtype=torch.float64)
-        return np.repeat(muon_classes(torch.as_tensor(n), e0, t_edges).numpy(), n)
+        depth = torch.as_tensor(sample[3], dtype=torch.float64) if len(depth_edges) else None
+        per_event = muon_classes(torch.as_tensor(n), e0, t_edges, depth, t_depth)
+        return np.repeat(per_event.numpy(), n)
 
-    d_cls, m_cls = classes(d_e0, d_n), classes(m_e0, m_n)
-    n_cls = n_classes(len(edges))
+    d_cls, m_cls = classes(data, d_e0, d_n), classes(model, m_e0, m_n)
+    n_cls = n_classes(len(edges), len(depth_edges))
     x0 = np.zeros(n_cls)
     step = np.ones(n_cls)
     table = np.zeros((n_cls, GRID))
     fitted = np.zeros(n_cls, dtype=bool)
+    d_parts, m_parts = _by_class(d_le, d_cls, n_cls), _by_class(m_le, m_cls, n_cls)
     for c in range(n_cls):
-        d, m = d_le[d_cls == c], m_le[m_cls == c]
+        d, m = d_parts[c], m_parts[c]
         if len(d) < MIN_MUONS or len(m) < MIN_MUONS:
             continue
         mq, dq = np.quantile(m, LEVELS), np.quantile(d, LEVELS)
@@ -103,6 +122,7 @@ def fit(
     return {
         "version": STATE_VERSION,
         "e0_edges": t_edges.float(),
+        "depth_edges": t_depth.float(),
         "x0": torch.as_tensor(x0, dtype=torch.float32),
         "step": torch.as_tensor(step, dtype=torch.float32),
         "table": torch.as_tensor(table, dtype=torch.float32),
@@ -110,6 +130,14 @@ def fit(
         "events": len(d_n),
         "muons": len(d_le),
     }
+
+
+def _by_class(values: np.ndarray, cls: np.ndarray, n_cls: int) -> list[np.ndarray]:
+    """``values`` split by class (one sort, not a mask per class)."""
+    order = np.argsort(cls, kind="stable")
+    bounds = np.searchsorted(cls[order], np.arange(n_cls + 1))
+    ordered = values[order]
+    return [ordered[bounds[c] : bounds[c + 1]] for c in range(n_cls)]
 
 
 class EnergyCalibration(nn.Module):
@@ -125,9 +153,12 @@ class EnergyCalibration(nn.Module):
         table = torch.as_tensor(state["table"], dtype=torch.float32)
         n_cls, grid = table.shape
         edges = torch.as_tensor(state["e0_edges"], dtype=torch.float32).reshape(-1)
-        if n_cls != n_classes(edges.numel()) or grid < 2:
+        depth_edges = torch.as_tensor(state.get("depth_edges", ()), dtype=torch.float32)
+        depth_edges = depth_edges.reshape(-1)
+        if n_cls != n_classes(edges.numel(), depth_edges.numel()) or grid < 2:
             raise ValueError(f"an energy calibration table of shape {tuple(table.shape)}")
         self.register_buffer("e0_edges", edges)
+        self.register_buffer("depth_edges", depth_edges)
         self.register_buffer("x0", torch.as_tensor(state["x0"], dtype=torch.float32))
         self.register_buffer("step", torch.as_tensor(state["step"], dtype=torch.float32))
         self.register_buffer("table", table.reshape(-1))
@@ -141,12 +172,13 @@ class EnergyCalibration(nn.Module):
         log_e: torch.Tensor,
         n_of_muon: torch.Tensor,
         log_e0: torch.Tensor,
+        depth: torch.Tensor,
         ceiling: torch.Tensor,
     ) -> torch.Tensor:
         """Calibrated log energies (N,) from the generator's (N,), each muon's bundle size
-        (N,), its primary's log10 E0 (N,) and its ceiling log10(E0 / A) (N,), all in
-        feature units."""
-        cls = muon_classes(n_of_muon, log_e0, self.e0_edges)
+        (N,), its primary's log10 E0 (N,), its depth (N,) and its ceiling log10(E0 / A)
+        (N,), all in feature units."""
+        cls = muon_classes(n_of_muon, log_e0, self.e0_edges, depth, self.depth_edges)
         x = (log_e - self.x0.index_select(0, cls).to(log_e.dtype)) / self.step.index_select(
             0, cls
         ).to(log_e.dtype)

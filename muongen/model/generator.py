@@ -435,7 +435,8 @@ class Generator(nn.Module):
         if calibration is not None:
             n_of_muon = torch.repeat_interleave(counts, counts, output_size=n)
             log_e0 = torch.repeat_interleave(cond[:, 0], counts, output_size=n)
-            energy = calibration(energy, n_of_muon, log_e0, ref)
+            depth = torch.repeat_interleave(cond[:, 3], counts, output_size=n)
+            energy = calibration(energy, n_of_muon, log_e0, depth, ref)
         return torch.cat([energy.unsqueeze(-1), feat[:, 1:]], dim=-1)
 
     def _polar(

@@ -76,9 +76,11 @@ def fit_on_files(
     device: torch.device | str,
     seed: int,
     strict: bool = True,
+    depth_bins: int = 1,
 ) -> dict[str, Any]:
     """The calibration state of ``generator`` (physical in, as the sampler) on the first
-    ``rows`` rows of ``files``; {} when they hold no muons. Logs what it did."""
+    ``rows`` rows of ``files``; {} when they hold no muons. ``depth_bins`` > 1 also splits
+    the classes by depth quantile. Logs what it did."""
     from muongen.evaluate.sample import generate
 
     t0 = time.perf_counter()
@@ -89,19 +91,16 @@ def fit_on_files(
     fake = generate(generator, real.conditions, device=device, seed=seed)
 
     def parts(batch):
-        log_e0 = schema.condition_features(batch.conditions.double())[:, 0].numpy()
+        feat = schema.condition_features(batch.conditions.double()).numpy()
         log_e = np.log10(batch.muons[:, 0].double().numpy() / schema.ENERGY_SCALE_GEV)
-        return log_e0, log_e, batch.counts.numpy()
+        return feat[:, 0], log_e, batch.counts.numpy(), feat[:, 3], feat[:, 2]
 
     data, model = parts(real), parts(fake)
-    state = calibration.fit(data, model)
+    state = calibration.fit(data, model, n_depth_bins=depth_bins)
     mapped = calibration.EnergyCalibration(state).double()
-    n = torch.as_tensor(np.repeat(model[2], model[2]))
-    log_e0 = torch.as_tensor(np.repeat(model[0], model[2]))
-    ceiling = log_e0 - torch.as_tensor(
-        np.repeat(np.log10(fake.conditions[:, 2].double().numpy()), model[2])
-    )
-    after = mapped(torch.as_tensor(model[1]), n, log_e0, ceiling).numpy()
+    per_muon = [torch.as_tensor(np.repeat(a, model[2])) for a in (model[2], *model[3:], model[0])]
+    n, depth, log_a, log_e0 = per_muon
+    after = mapped(torch.as_tensor(model[1]), n, log_e0, depth, log_e0 - log_a).numpy()
     log.info(
         "energy calibration: %s in %.1f s; the pooled muon log10 E's W1 to the training "
         "muons: %.4f dex before, %.4f after",

@@ -35,12 +35,12 @@ def _sample(rng, n_events: int, biased: bool):
     return log_e0, log_e, counts
 
 
-def _apply(cal, sample, ceiling_dex: float = 10.0):
-    log_e0, log_e, counts = sample
+def _apply(cal, sample, ceiling_dex: float = 10.0, depth=None):
+    log_e0, log_e, counts = sample[:3]
     e0 = torch.as_tensor(np.repeat(log_e0, counts))
-    return cal.double()(
-        torch.as_tensor(log_e), torch.as_tensor(np.repeat(counts, counts)), e0, e0 + ceiling_dex
-    ).numpy()
+    depth = torch.as_tensor(np.repeat(sample[3] if len(sample) > 3 else 0.0 * log_e0, counts))
+    n = torch.as_tensor(np.repeat(counts, counts))
+    return cal.double()(torch.as_tensor(log_e), n, e0, depth, e0 + ceiling_dex).numpy()
 
 
 def test_the_map_brings_fresh_draws_to_the_data_class_by_class():
@@ -63,6 +63,32 @@ def test_the_map_brings_fresh_draws_to_the_data_class_by_class():
         sel = cls == c
         order = np.argsort(fresh[1][sel], kind="stable")
         assert (np.diff(got[sel][order]) >= -1e-9).all()
+
+
+def test_depth_classes_undo_a_bias_of_the_deep_bundles_alone():
+    """With n_depth_bins=2 the deep half's own bias (0.3 dex high) is undone and the
+    shallow half left where it was; one depth class can only split the difference."""
+    rng = np.random.default_rng(4)
+
+    def sample(n_events, biased):
+        log_e0, log_e, counts = _sample(rng, n_events, False)
+        depth = rng.uniform(1.0, 2.8, n_events)
+        deep = np.repeat(depth > 1.9, counts)
+        return log_e0, log_e + 0.3 * (biased & deep), counts, depth
+
+    fresh, truth = sample(8000, True), sample(8000, False)
+    deep = np.repeat(fresh[3] > 1.9, fresh[2])
+    truth_deep = np.repeat(truth[3] > 1.9, truth[2])
+    for bins, tolerance in ((2, 0.03), (1, None)):
+        cal = EnergyCalibration(fit(sample(8000, False), sample(8000, True), n_depth_bins=bins))
+        got = _apply(cal, fresh)
+        shift_deep = np.median(got[deep]) - np.median(truth[1][truth_deep])
+        shift_shallow = np.median(got[~deep]) - np.median(truth[1][~truth_deep])
+        if tolerance:
+            assert abs(shift_deep) < tolerance and abs(shift_shallow) < tolerance
+            assert cal.depth_edges.numel() == 1 and cal.fitted.numel() == 32
+        else:  # one class for both halves: the deep half stays high, the shallow one goes low
+            assert shift_deep > 0.08 and shift_shallow < -0.08
 
 
 def test_the_ceiling_holds_and_unmapped_classes_are_left_as_drawn():
@@ -116,6 +142,7 @@ def test_the_generator_applies_an_attached_calibration_after_the_fold(ragged):
         plain[:, 0],
         torch.repeat_interleave(counts, counts, output_size=n),
         torch.repeat_interleave(cond[:, 0], counts, output_size=n),
+        torch.repeat_interleave(cond[:, 3], counts, output_size=n),
         torch.repeat_interleave(per_nucleon_energy(cond), counts, output_size=n),
     )
     torch.testing.assert_close(got[:, 0], want)
