@@ -119,8 +119,8 @@ def test_a_ctrl_c_at_a_checkpoint_step_writes_it_once_and_exits_130(tiny_config,
     t = Trainer(tiny_config(train__max_steps=30), tmp_path / "r", stop=stop)
     real_save = t.checkpointer.save
 
-    def save_then_ctrl_c(state, step):
-        saved = real_save(state, step)
+    def save_then_ctrl_c(state, step, *again):
+        saved = real_save(state, step, *again)
         stop.signum = signal.SIGINT  # Ctrl-C lands while step 10 is written
         return saved
 

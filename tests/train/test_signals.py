@@ -91,8 +91,8 @@ def test_sigterm_after_the_last_step_is_not_dropped(tiny_data, tmp_path, monkeyp
 
     real_save = Checkpointer.save
 
-    def save_then_sigterm(self, state, step):
-        saved = real_save(self, state, step)
+    def save_then_sigterm(self, state, step, *again):
+        saved = real_save(self, state, step, *again)
         if step == 6:  # the last step's checkpoint: the eviction lands while it is written
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.05)
