@@ -239,8 +239,8 @@ class Generator(nn.Module):
         floor = torch.tensor(ENERGY_FLOOR_UNFITTED) if cfg.energy_fold else None
         self.register_buffer("energy_floor", floor)
         # train.calibrate_rows: the muon energies' map fitted after training
-        # (muongen.model.calibration), attached for sampling by open_for_inference; never
-        # part of the generator's own state
+        # (muongen.model.calibration). Only open_for_inference attaches it, for sampling: a
+        # trained generator's state never holds it (the checkpoint keeps it apart)
         self.energy_calibration: nn.Module | None = None
         self.multiplicity_spread = None
         if cfg.multiplicity == "hurdle":
