@@ -28,7 +28,7 @@ from muongen.evaluate import report
 from muongen.evaluate.command import DEFAULT_SPLITS, evaluate_generator
 from muongen.evaluate.sample import read_inputs
 from muongen.inference import open_for_inference
-from muongen.model.calibration import EnergyCalibration
+from muongen.model.calibration import EnergyCalibration, RadiusCalibration
 from muongen.storage.files import expand_inputs
 from muongen.train.calibrate import fit_on_files
 
@@ -53,6 +53,17 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="also split the classes by this many depth quantiles (1: none, as the trainer)",
     )
+    ap.add_argument(
+        "--radius",
+        choices=["off", "mult-zenith"],
+        default="off",
+        help="mult-zenith: also map the muons' distances to the axis (bundle size x cos "
+        "zenith quantile)",
+    )
+    ap.add_argument("--zenith-bins", type=int, default=4, help="the radius map's cos z classes")
+    ap.add_argument(
+        "--radius-energy-bins", type=int, default=1, help="the radius map's E0 classes (1: none)"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--n-splits", type=int, default=DEFAULT_SPLITS)
     a = ap.parse_args(argv)
@@ -60,18 +71,32 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     model = open_for_inference(a.checkpoint, "cpu", calibrated=False)
     generator = model.generator
-    if a.by != "off":
+    if a.by != "off" or a.radius != "off":
         files = expand_inputs(a.fit)
         rows = a.fit_rows or 2**62
-        state = fit_on_files(
-            generator, files, rows, device="cpu", seed=a.seed, depth_bins=a.depth_bins
+        states = fit_on_files(
+            generator,
+            files,
+            rows,
+            device="cpu",
+            seed=a.seed,
+            depth_bins=a.depth_bins,
+            radius=a.radius != "off",
+            zenith_bins=a.zenith_bins,
+            radius_energy_bins=a.radius_energy_bins,
         )
-        generator.energy_calibration = EnergyCalibration(state)
-        print(f"energy calibration: {generator.energy_calibration.describe()}")
+        if a.by != "off":
+            generator.energy_calibration = EnergyCalibration(states["energy"])
+            print(f"energy calibration: {generator.energy_calibration.describe()}")
+        if a.radius != "off":
+            generator.radius_calibration = RadiusCalibration(states["radius"])
+            print(f"radius calibration: {generator.radius_calibration.describe()}")
     real = read_inputs(a.data)
     result, _ = evaluate_generator(generator, real, device="cpu", seed=a.seed, n_splits=a.n_splits)
     result["meta"] = {
-        "checkpoint": f"{model.source}" + ("" if a.by == "off" else " + energy calibration"),
+        "checkpoint": f"{model.source}"
+        + ("" if a.by == "off" else " + energy calibration")
+        + ("" if a.radius == "off" else " + radius calibration"),
         "step": model.meta.get("step"),
         "seed": a.seed,
     }

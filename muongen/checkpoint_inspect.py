@@ -135,9 +135,10 @@ def _energy_floor_gev(payload: dict[str, Any]) -> float | None:
     return None if floor is None else schema.ENERGY_SCALE_GEV * 10.0 ** float(floor)
 
 
-def _calibration(payload: dict[str, Any]) -> dict[str, Any] | None:
-    """What the checkpoint's energy calibration (train.calibrate_rows) was fitted on."""
-    state = payload.get("energy_calibration")
+def _calibration(payload: dict[str, Any], kind: str = "energy") -> dict[str, Any] | None:
+    """What the checkpoint's energy or radius calibration (train.calibrate_rows) was fitted
+    on."""
+    state = payload.get(f"{kind}_calibration")
     if not state:
         return None
     fitted = state.get("fitted")
@@ -181,6 +182,7 @@ def inspect_checkpoint(source: str) -> dict[str, Any]:
         "ema": "generator_ema" in payload,
         "energy_floor_gev": _energy_floor_gev(payload),
         "energy_calibration": _calibration(payload),
+        "radius_calibration": _calibration(payload, "radius"),
         "previous": (payload.get("lineage") or {}).get("previous"),
         "validation": {k: v for k, v in best.items()} if best else None,
         "training_domain": domain,
@@ -269,6 +271,13 @@ def format_text(info: dict[str, Any]) -> str:
         if cal
         else "  muon energies as the generator draws them (no calibration: train.calibrate_rows"
         " 0, or not the run's final checkpoint)"
+    )
+    cal = info.get("radius_calibration")
+    lines.append(
+        f"  muon radii calibrated after training (train.calibrate_radius): "
+        f"{cal['classes_mapped']} of {cal['classes']} classes mapped"
+        if cal
+        else "  muon radii as the generator draws them (no radius calibration)"
     )
     prev = info["previous"]
     lines.append(

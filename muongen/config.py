@@ -476,6 +476,13 @@ class TrainConfig:
     preset's 640000 rows took 23-29 s on issue 52's muon-rich data (17 million muons), where
     the pooled muon energies of three seeds went 1.09-1.74x the floor -> 0.91-1.05 at 6000
     held-out showers (docs/fidelity.md, "The muon energies calibrated after training")."""
+    calibrate_radius: bool = True
+    """With ``calibrate_rows``, also map the muons' distances to the bundle's axis, from the
+    same draw: for each of 16 classes (the bundle's size, times the quartile of cos zenith)
+    the generator's log10 radii are matched quantile by quantile onto the training muons',
+    and each muon is moved along its own direction from the axis (its azimuth and its rank
+    in its class are the generator's). Stored beside the energy map, under
+    ``radius_calibration`` (docs/fidelity.md, "The radii calibrated after training")."""
     budget_exit_code: int = EXIT_SELF_CHECKPOINT
     """Exit code after the time budget (85: HTCondor's 'checkpointed, restart me')."""
     signal_exit_code: int = 0

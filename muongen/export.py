@@ -97,6 +97,7 @@ class PhysicalGenerator(nn.Module):
         self.energy_floor = getattr(generator, "energy_floor", None)  # energy_fold
         # train.calibrate_rows: the map fitted after training, when the checkpoint has one
         self.energy_calibration = getattr(generator, "energy_calibration", None)
+        self.radius_calibration = getattr(generator, "radius_calibration", None)
         self.training_domain: dict | None = None  # muongen.domain's record, into the metadata
 
     def forward(
@@ -142,16 +143,19 @@ class PhysicalGenerator(nn.Module):
             log_e = self.energy_calibration(log_e, n_of_muon, log_e0, depth, ref)
         energy = schema.ENERGY_SCALE_GEV * torch.pow(10.0, log_e)
         if self.representation == "radial" or self.polar:
-            r = feat[:, 1].abs() * schema.POSITION_SCALE_M
+            r = feat[:, 1].abs()
             phi = noise[:, zl] * (2.0 * math.pi)
             x, y = r * torch.sin(phi), r * torch.cos(phi)
         else:
-            x = feat[:, 1] * schema.POSITION_SCALE_M
-            y = feat[:, 2] * schema.POSITION_SCALE_M
+            x, y = feat[:, 1], feat[:, 2]
             if self.rotate:
                 angle = (2.0 * math.pi) * event_noise[:, 1 + zg].index_select(0, event_of)
                 cos, sin = torch.cos(angle), torch.sin(angle)
                 x, y = cos * x - sin * y, sin * x + cos * y
+        if self.radius_calibration is not None:  # the radii's map, in feature units
+            n_of_muon = counts.index_select(0, event_of)
+            x, y = self.radius_calibration(x, y, n_of_muon, cond.index_select(0, event_of))
+        x, y = x * schema.POSITION_SCALE_M, y * schema.POSITION_SCALE_M
         return counts, torch.stack([energy, x, y], dim=1)
 
     def _counts(self, log_mult: torch.Tensor) -> torch.Tensor:
@@ -174,6 +178,7 @@ class PhysicalGenerator(nn.Module):
             "energy_scale_head": str(self.energy_scale is not None).lower(),
             "energy_fold": str(self.energy_floor is not None).lower(),
             "energy_calibration": str(self.energy_calibration is not None).lower(),
+            "radius_calibration": str(self.radius_calibration is not None).lower(),
             "max_muons": str(self.max_muons),
             "inputs": "conditions (B,4) [E GeV, zenith rad, A, depth m]; event_noise "
             "(B,2+z_global) [N(0,1), N(0,1) x z_global, U(0,1)]; muon_noise (M,z_local+1) "

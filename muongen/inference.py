@@ -60,8 +60,8 @@ def open_for_inference(
     them, fetched and sha-checked through :mod:`muongen.storage`) with its manifest and
     training domain. The generator carries the checkpoint's weight average
     (``optim.ema_decay``) when it has one, else the trained weights; it is in eval mode on
-    ``device``. With ``calibrated`` (the default) it carries the checkpoint's energy
-    calibration (``train.calibrate_rows``) when it has one."""
+    ``device``. With ``calibrated`` (the default) it carries the checkpoint's energy and
+    radius calibrations (``train.calibrate_rows``) when it has them."""
     from muongen.model import build_models
     from muongen.model.ema import inference_weights
 
@@ -79,6 +79,15 @@ def open_for_inference(
             manifest.name,
             generator.energy_calibration.describe(),
         )
+    if calibrated and payload.get("radius_calibration"):
+        generator.radius_calibration = calibration_of(
+            payload["radius_calibration"], manifest, "radius"
+        )
+        log.info(
+            "%s: muon radii calibrated after training (%s)",
+            manifest.name,
+            generator.radius_calibration.describe(),
+        )
     return Inference(
         generator=generator.to(device).eval(),
         config=cfg,
@@ -89,16 +98,18 @@ def open_for_inference(
     )
 
 
-def calibration_of(state: Any, manifest: Path) -> nn.Module:
-    """The :class:`muongen.model.calibration.EnergyCalibration` of a checkpoint's state."""
+def calibration_of(state: Any, manifest: Path, kind: str = "energy") -> nn.Module:
+    """The :mod:`muongen.model.calibration` map of a checkpoint's state: ``kind`` "energy"
+    (:class:`~muongen.model.calibration.EnergyCalibration`) or "radius"
+    (:class:`~muongen.model.calibration.RadiusCalibration`)."""
     from muongen.errors import CheckpointError
-    from muongen.model.calibration import EnergyCalibration
+    from muongen.model.calibration import EnergyCalibration, RadiusCalibration
 
     try:
-        return EnergyCalibration(state)
+        return (RadiusCalibration if kind == "radius" else EnergyCalibration)(state)
     except (ValueError, KeyError, TypeError, RuntimeError) as exc:
         raise CheckpointError(
-            f"{manifest}: its energy calibration cannot be read ({exc}); open it with a "
+            f"{manifest}: its {kind} calibration cannot be read ({exc}); open it with a "
             "muongen as new as the one that wrote it, or evaluate it uncalibrated "
             "(muongen evaluate --uncalibrated)"
         ) from None

@@ -127,8 +127,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--uncalibrated",
         action="store_true",
-        help="the generator's own muon energies, without the calibration the checkpoint "
-        "carries (train.calibrate_rows)",
+        help="the generator's own muon energies and radii, without the calibrations the "
+        "checkpoint carries (train.calibrate_rows)",
     )
     add_output_options(parser)  # --overwrite, --domain
 
@@ -281,8 +281,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
     check_folder(args.out, OUTPUT_FILES, inputs=args.data_files, overwrite=args.overwrite)
 
 
-def _calibration_note(generator: torch.nn.Module) -> str:
-    calibration = getattr(generator, "energy_calibration", None)
+def _calibration_note(generator: torch.nn.Module, kind: str = "energy") -> str:
+    calibration = getattr(generator, f"{kind}_calibration", None)
     return "none" if calibration is None else calibration.describe()
 
 
@@ -321,6 +321,7 @@ def _evaluate(args: argparse.Namespace, device: torch.device) -> int:
         "device": str(device),
         "seed": args.seed,
         "energy_calibration": _calibration_note(generator),
+        "radius_calibration": _calibration_note(generator, "radius"),
     }
     result["training_domain"] = extrapolated
     from muongen.outputs import writing

@@ -362,6 +362,7 @@ def write_report(
         "checkpoint",
         "step",
         "energy_calibration",
+        "radius_calibration",
         "data",
         "created",
         "muongen_version",

@@ -30,6 +30,9 @@ from torch import nn
 
 STATE_VERSION = 1
 
+#: the radius map's own state version (:class:`RadiusCalibration`)
+RADIUS_STATE_VERSION = 1
+
 #: the first muon count of each multiplicity class after the first (1, 2-9, 10-99, 100+),
 #: as muongen.evaluate.metrics.MULTIPLICITY_BINS
 MULT_EDGES = (2, 10, 100)
@@ -48,25 +51,26 @@ MIN_MUONS = 2000
 
 def muon_classes(
     n_of_muon: torch.Tensor,
-    log_e0: torch.Tensor,
-    e0_edges: torch.Tensor,
-    depth: torch.Tensor | None = None,
-    depth_edges: torch.Tensor | None = None,
+    first: torch.Tensor,
+    first_edges: torch.Tensor,
+    second: torch.Tensor | None = None,
+    second_edges: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Each muon's class (N,) int64 from its bundle's size (N,), its primary's log10
-    energy (N,, any fixed unit, as ``e0_edges``) and, with ``depth_edges`` (not empty), its
-    depth (N,, as ``depth_edges``): comparisons and sums only (exportable)."""
+    """Each muon's class (N,) int64 from its bundle's size (N,), a quantity of its event
+    (N,; the energy map: the primary's log10 energy) banded at ``first_edges`` and, with
+    ``second_edges`` not empty, a second one (N,; the energy map: the depth) banded at
+    those: comparisons and sums only (exportable)."""
     mult = sum((n_of_muon >= edge).to(torch.int64) for edge in MULT_EDGES)
-    energy = (log_e0.unsqueeze(-1) >= e0_edges.to(log_e0.dtype)).to(torch.int64).sum(-1)
-    cls = mult * (e0_edges.numel() + 1) + energy
-    if depth is None or depth_edges is None or depth_edges.numel() == 0:
+    band = (first.unsqueeze(-1) >= first_edges.to(first.dtype)).to(torch.int64).sum(-1)
+    cls = mult * (first_edges.numel() + 1) + band
+    if second is None or second_edges is None or second_edges.numel() == 0:
         return cls
-    band = (depth.unsqueeze(-1) >= depth_edges.to(depth.dtype)).to(torch.int64).sum(-1)
-    return cls * (depth_edges.numel() + 1) + band
+    band = (second.unsqueeze(-1) >= second_edges.to(second.dtype)).to(torch.int64).sum(-1)
+    return cls * (second_edges.numel() + 1) + band
 
 
-def n_classes(n_e0_edges: int, n_depth_edges: int = 0) -> int:
-    return (len(MULT_EDGES) + 1) * (n_e0_edges + 1) * (n_depth_edges + 1)
+def n_classes(n_first_edges: int, n_second_edges: int = 0) -> int:
+    return (len(MULT_EDGES) + 1) * (n_first_edges + 1) * (n_second_edges + 1)
 
 
 def fit(
@@ -105,11 +109,28 @@ def fit(
 
     d_cls, m_cls = classes(data, d_e0, d_n), classes(model, m_e0, m_n)
     n_cls = n_classes(len(edges), len(depth_edges))
+    return {
+        "version": STATE_VERSION,
+        "e0_edges": t_edges.float(),
+        "depth_edges": t_depth.float(),
+        **fit_tables(d_le, d_cls, m_le, m_cls, n_cls),
+        "events": len(d_n),
+        "muons": len(d_le),
+    }
+
+
+def fit_tables(
+    d_values: np.ndarray, d_cls: np.ndarray, m_values: np.ndarray, m_cls: np.ndarray, n_cls: int
+) -> dict[str, torch.Tensor]:
+    """Per class, the monotone map of the model's values (N,) onto the data's (quantile
+    matching at :data:`LEVELS`), tabulated on :data:`GRID` points uniform in the model's
+    value: x0, step (n_cls,), table (n_cls, GRID), fitted (n_cls,) bool (a class with under
+    :data:`MIN_MUONS` values on either side is not fitted)."""
     x0 = np.zeros(n_cls)
     step = np.ones(n_cls)
     table = np.zeros((n_cls, GRID))
     fitted = np.zeros(n_cls, dtype=bool)
-    d_parts, m_parts = _by_class(d_le, d_cls, n_cls), _by_class(m_le, m_cls, n_cls)
+    d_parts, m_parts = _by_class(d_values, d_cls, n_cls), _by_class(m_values, m_cls, n_cls)
     for c in range(n_cls):
         d, m = d_parts[c], m_parts[c]
         if len(d) < MIN_MUONS or len(m) < MIN_MUONS:
@@ -120,16 +141,36 @@ def fit(
         table[c] = np.interp(np.interp(grid, mq, LEVELS), LEVELS, dq)
         fitted[c] = True
     return {
-        "version": STATE_VERSION,
-        "e0_edges": t_edges.float(),
-        "depth_edges": t_depth.float(),
         "x0": torch.as_tensor(x0, dtype=torch.float32),
         "step": torch.as_tensor(step, dtype=torch.float32),
         "table": torch.as_tensor(table, dtype=torch.float32),
         "fitted": torch.as_tensor(fitted),
-        "events": len(d_n),
-        "muons": len(d_le),
     }
+
+
+def lookup(
+    values: torch.Tensor,
+    cls: torch.Tensor,
+    x0: torch.Tensor,
+    step: torch.Tensor,
+    table: torch.Tensor,
+    fitted: torch.Tensor,
+    grid: int,
+) -> torch.Tensor:
+    """``values`` (N,) through their classes' (``cls`` (N,) int64) tables of
+    :func:`fit_tables` (``table`` flat, (n_cls * grid,)), linear between grid points and
+    held at the table's ends; a class not fitted passes its values as they are. Gathers
+    and arithmetic only (exportable)."""
+    x = (values - x0.index_select(0, cls).to(values.dtype)) / step.index_select(0, cls).to(
+        values.dtype
+    )
+    x = x.clamp(0.0, grid - 1.0)
+    j = x.floor().clamp(max=grid - 2.0)
+    w = x - j
+    at = cls * grid + j.to(torch.int64)
+    lo = table.index_select(0, at).to(values.dtype)
+    hi = table.index_select(0, at + 1).to(values.dtype)
+    return torch.where(fitted.index_select(0, cls), lo + w * (hi - lo), values)
 
 
 def _by_class(values: np.ndarray, cls: np.ndarray, n_cls: int) -> list[np.ndarray]:
@@ -179,18 +220,103 @@ class EnergyCalibration(nn.Module):
         (N,), its primary's log10 E0 (N,), its depth (N,) and its ceiling log10(E0 / A)
         (N,), all in feature units."""
         cls = muon_classes(n_of_muon, log_e0, self.e0_edges, depth, self.depth_edges)
-        x = (log_e - self.x0.index_select(0, cls).to(log_e.dtype)) / self.step.index_select(
-            0, cls
-        ).to(log_e.dtype)
-        x = x.clamp(0.0, self.grid - 1.0)
-        j = x.floor().clamp(max=self.grid - 2.0)
-        w = x - j
-        at = cls * self.grid + j.to(torch.int64)
-        lo = self.table.index_select(0, at).to(log_e.dtype)
-        hi = self.table.index_select(0, at + 1).to(log_e.dtype)
-        mapped = lo + w * (hi - lo)
-        out = torch.where(self.fitted.index_select(0, cls), mapped, log_e)
+        out = lookup(log_e, cls, self.x0, self.step, self.table, self.fitted, self.grid)
         return torch.minimum(out, ceiling.to(log_e.dtype))
+
+    def describe(self) -> str:
+        return (
+            f"{int(self.fitted.sum())} of {self.fitted.numel()} classes mapped, fitted on "
+            f"{self.events:,} training rows ({self.muons:,} muons)"
+        )
+
+
+def fit_radius(
+    data: tuple[np.ndarray, ...],
+    model: tuple[np.ndarray, ...],
+    n_zenith_bins: int = 4,
+    n_energy_bins: int = 1,
+) -> dict[str, Any]:
+    """The radius map's state from the training data and the generator's draw for the
+    same primaries.
+
+    Args:
+        data, model: (cos zenith (B,), log10 muon distance to the axis (N,; -inf for a
+            muon on the axis, left out), muons per event (B,), log10 E0 (B,)), muons event
+            after event, in the generator's feature unit (r / schema.POSITION_SCALE_M: the
+            unit the map is applied in).
+        n_zenith_bins: zenith classes (quantiles of the data's cos zenith).
+        n_energy_bins: primary-energy classes (quantiles of the data's log10 E0; 1: none).
+
+    Returns:
+        the state :class:`RadiusCalibration` is built from.
+    """
+    d_cz, d_lr, d_n = (np.asarray(a) for a in data[:3])
+    m_cz, m_lr, m_n = (np.asarray(a) for a in model[:3])
+    cz_edges = np.quantile(d_cz, np.arange(1, n_zenith_bins) / n_zenith_bins)
+    e0_edges = np.zeros(0)
+    if n_energy_bins > 1:
+        e0_edges = np.quantile(np.asarray(data[3]), np.arange(1, n_energy_bins) / n_energy_bins)
+    t_cz = torch.as_tensor(cz_edges, dtype=torch.float64)
+    t_e0 = torch.as_tensor(e0_edges, dtype=torch.float64)
+
+    def classes(sample, cz, n):
+        e0 = torch.as_tensor(sample[3], dtype=torch.float64) if len(e0_edges) else None
+        cz = torch.as_tensor(cz, dtype=torch.float64)
+        return np.repeat(muon_classes(torch.as_tensor(n), cz, t_cz, e0, t_e0).numpy(), n)
+
+    n_cls = n_classes(len(cz_edges), len(e0_edges))
+    d_cls, m_cls = classes(data, d_cz, d_n), classes(model, m_cz, m_n)
+    d_on, m_on = np.isfinite(d_lr), np.isfinite(m_lr)  # a muon on the axis stays there
+    return {
+        "version": RADIUS_STATE_VERSION,
+        "cos_zenith_edges": t_cz.float(),
+        "e0_edges": t_e0.float(),
+        **fit_tables(d_lr[d_on], d_cls[d_on], m_lr[m_on], m_cls[m_on], n_cls),
+        "events": len(d_n),
+        "muons": len(d_lr),
+    }
+
+
+class RadiusCalibration(nn.Module):
+    """The fitted maps of each muon's log distance to the bundle's axis, by class of
+    bundle size x zenith quantile (x primary-energy quantile): :func:`fit_radius`."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        super().__init__()
+        version = state.get("version")
+        if version != RADIUS_STATE_VERSION:
+            raise ValueError(
+                f"a radius calibration of version {version}; this muongen reads "
+                f"{RADIUS_STATE_VERSION}"
+            )
+        table = torch.as_tensor(state["table"], dtype=torch.float32)
+        n_cls, grid = table.shape
+        cz_edges = torch.as_tensor(state["cos_zenith_edges"], dtype=torch.float32).reshape(-1)
+        e0_edges = torch.as_tensor(state.get("e0_edges", ()), dtype=torch.float32).reshape(-1)
+        if n_cls != n_classes(cz_edges.numel(), e0_edges.numel()) or grid < 2:
+            raise ValueError(f"a radius calibration table of shape {tuple(table.shape)}")
+        self.register_buffer("cos_zenith_edges", cz_edges)
+        self.register_buffer("e0_edges", e0_edges)
+        self.register_buffer("x0", torch.as_tensor(state["x0"], dtype=torch.float32))
+        self.register_buffer("step", torch.as_tensor(state["step"], dtype=torch.float32))
+        self.register_buffer("table", table.reshape(-1))
+        self.register_buffer("fitted", torch.as_tensor(state["fitted"], dtype=torch.bool))
+        self.grid = int(grid)
+        self.events = int(state.get("events", 0))
+        self.muons = int(state.get("muons", 0))
+
+    def forward(
+        self, x: torch.Tensor, y: torch.Tensor, n_of_muon: torch.Tensor, cond: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The muons' positions (N,) each, moved along their own direction from the axis
+        to the mapped distance, from each muon's bundle size (N,) and its event's condition
+        features (N, 4). A muon on the axis stays there."""
+        r = torch.sqrt(x * x + y * y)
+        log_r = torch.log10(r.clamp_min(1e-30))
+        cls = muon_classes(n_of_muon, cond[:, 1], self.cos_zenith_edges, cond[:, 0], self.e0_edges)
+        mapped = lookup(log_r, cls, self.x0, self.step, self.table, self.fitted, self.grid)
+        scale = torch.where(r > 0, torch.pow(10.0, mapped - log_r), torch.ones_like(r))
+        return x * scale, y * scale
 
     def describe(self) -> str:
         return (

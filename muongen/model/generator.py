@@ -242,6 +242,8 @@ class Generator(nn.Module):
         # (muongen.model.calibration). Only open_for_inference attaches it, for sampling: a
         # trained generator's state never holds it (the checkpoint keeps it apart)
         self.energy_calibration: nn.Module | None = None
+        # and the muons' distances to the axis (model.calibration.RadiusCalibration), the same
+        self.radius_calibration: nn.Module | None = None
         self.multiplicity_spread = None
         if cfg.multiplicity == "hurdle":
             self.multiplicity = HurdleMultiplicity(
@@ -398,20 +400,39 @@ class Generator(nn.Module):
             scale = energy_scale(self.energy_scale(context))
             out = scale_energy(out, torch.repeat_interleave(scale, counts, 0, output_size=n_muons))
         if self.polar:
-            return self._polar(out, n_muons, generator, cond, counts)
-        muons = self._absolute_energy(out, self.muon_norm.inverse(out), cond, counts)
-        if not self.rotate:
+            muons = self._polar(out, n_muons, generator, cond, counts)
+        else:
+            muons = self._absolute_energy(out, self.muon_norm.inverse(out), cond, counts)
+        if self.rotate:
+            # the azimuth is uniform: turn each event's bundle rigidly by a random angle, so
+            # x and y have mean 0 and the same marginal by construction (no drift to learn)
+            u = _uniform(n_draw, muons, generator)
+            if every:
+                u = u[rows]
+            turn = torch.stack([torch.cos(2 * torch.pi * u), torch.sin(2 * torch.pi * u)], -1)
+            turn = torch.repeat_interleave(turn, counts, dim=0, output_size=n_muons)  # (N, 2)
+            cos, sin = turn[:, 0], turn[:, 1]  # per event, then repeated: cheaper than per muon
+            x, y = muons[:, 1], muons[:, 2]
+            muons = torch.stack([muons[:, 0], cos * x - sin * y, sin * x + cos * y], dim=1)
+        return self._calibrated_radius(muons, cond, counts)
+
+    def _calibrated_radius(
+        self, muons: torch.Tensor, cond: torch.Tensor, counts: torch.Tensor
+    ) -> torch.Tensor:
+        """``muons`` (N, F) with their distances to the axis through the radius calibration
+        when one is attached (``radius_calibration``; ``cond`` (B', 4) and ``counts`` (B',):
+        the muons' events); otherwise ``muons`` itself."""
+        calibration = self.radius_calibration
+        if calibration is None:
             return muons
-        # the azimuth is uniform: turn each event's bundle rigidly by a random angle, so
-        # x and y have mean 0 and the same marginal by construction (no drift to learn)
-        u = _uniform(n_draw, muons, generator)
-        if every:
-            u = u[rows]
-        turn = torch.stack([torch.cos(2 * torch.pi * u), torch.sin(2 * torch.pi * u)], -1)
-        turn = torch.repeat_interleave(turn, counts, dim=0, output_size=n_muons)  # (N, 2)
-        cos, sin = turn[:, 0], turn[:, 1]  # per event, then repeated: cheaper than per muon
-        x, y = muons[:, 1], muons[:, 2]
-        return torch.stack([muons[:, 0], cos * x - sin * y, sin * x + cos * y], dim=1)
+        n = muons.shape[0]
+        n_of_muon = torch.repeat_interleave(counts, counts, output_size=n)
+        per_muon = torch.repeat_interleave(cond, counts, dim=0, output_size=n)
+        if muons.shape[1] == 2:  # radial: [log E, r]
+            r, _ = calibration(muons[:, 1], torch.zeros_like(muons[:, 1]), n_of_muon, per_muon)
+            return torch.stack([muons[:, 0], r], dim=1)
+        x, y = calibration(muons[:, 1], muons[:, 2], n_of_muon, per_muon)
+        return torch.stack([muons[:, 0], x, y], dim=1)
 
     def _absolute_energy(
         self, out: torch.Tensor, feat: torch.Tensor, cond: torch.Tensor, counts: torch.Tensor

@@ -1,7 +1,8 @@
-"""``train.calibrate_rows``: the finished generator's muon energies mapped onto the
-training data's, at the end of a run (the map: :mod:`muongen.model.calibration`).
+"""``train.calibrate_rows``: the finished generator's muon energies (and, with
+``train.calibrate_radius``, its muons' distances to the axis) mapped onto the training
+data's, at the end of a run (the maps: :mod:`muongen.model.calibration`).
 
-A trainer part: the map is saved in the checkpoint written when the run finishes, and
+Trainer parts: the maps are saved in the checkpoint written when the run finishes, and
 nowhere else. A run that resumes from a checkpoint trains on, so a map restored with it
 would no longer fit its generator: every run starts without one.
 """
@@ -25,8 +26,9 @@ log = logging.getLogger(__name__)
 _W1_MUONS = 1_000_000
 
 
-class EnergyCalibrationPart:
-    """The map fitted at the end of the run ({} before), under ``energy_calibration``."""
+class CalibrationPart:
+    """A map fitted at the end of the run ({} before): the trainer keeps the energies' under
+    ``energy_calibration`` and the radii's under ``radius_calibration``."""
 
     def __init__(self) -> None:
         self.state: dict[str, Any] = {}
@@ -79,36 +81,66 @@ def fit_on_files(
     seed: int,
     strict: bool = True,
     depth_bins: int = 1,
-) -> dict[str, Any]:
-    """The calibration state of ``generator`` (physical in, as the sampler) on the first
-    ``rows`` rows of ``files``; {} when they hold no muons. ``depth_bins`` > 1 also splits
-    the classes by depth quantile. Logs what it did."""
+    radius: bool = True,
+    zenith_bins: int = 4,
+    radius_energy_bins: int = 1,
+) -> dict[str, dict[str, Any]]:
+    """The calibration states of ``generator`` (physical in, as the sampler) on the first
+    ``rows`` rows of ``files``, from one draw for their primaries: {"energy": the muon
+    energies' map, "radius": the muons' distances to the axis' (with ``radius``)}; {} when
+    the rows hold no muons. ``depth_bins`` > 1 also splits the energy map's classes by
+    depth quantile; ``zenith_bins`` and ``radius_energy_bins`` are the radius map's
+    quantiles of cos zenith and of log10 E0. Logs what it did."""
     from muongen.evaluate.sample import generate
 
     t0 = time.perf_counter()
     real = read_rows(files, rows, strict)
     if real is None or real.n_muons == 0:
-        log.warning("energy calibration: no muons in the training files read; no map")
+        log.warning("calibration: no muons in the training files read; no map")
         return {}
     fake = generate(generator, real.conditions, device=device, seed=seed)
 
     def parts(batch):
         feat = schema.condition_features(batch.conditions.double()).numpy()
         log_e = np.log10(batch.muons[:, 0].double().numpy() / schema.ENERGY_SCALE_GEV)
-        return feat[:, 0], log_e, batch.counts.numpy(), feat[:, 3], feat[:, 2]
+        return feat, log_e, batch.counts.numpy()
 
-    data, model = parts(real), parts(fake)
-    state = calibration.fit(data, model, n_depth_bins=depth_bins)
-    mapped = calibration.EnergyCalibration(state).double()
-    per_muon = [torch.as_tensor(np.repeat(a, model[2])) for a in (model[2], *model[3:], model[0])]
-    n, depth, log_a, log_e0 = per_muon
-    after = mapped(torch.as_tensor(model[1]), n, log_e0, depth, log_e0 - log_a).numpy()
+    (d_feat, d_le, d_n), (m_feat, m_le, m_n) = parts(real), parts(fake)
+    data = (d_feat[:, 0], d_le, d_n, d_feat[:, 3])
+    model = (m_feat[:, 0], m_le, m_n, m_feat[:, 3])
+    states = {"energy": calibration.fit(data, model, n_depth_bins=depth_bins)}
+    mapped = calibration.EnergyCalibration(states["energy"]).double()
+    per_muon = [torch.as_tensor(np.repeat(a, m_n)) for a in (m_n, m_feat[:, 3], m_feat[:, 2])]
+    n, depth, log_a = per_muon
+    log_e0 = torch.as_tensor(np.repeat(m_feat[:, 0], m_n))
+    after = mapped(torch.as_tensor(m_le), n, log_e0, depth, log_e0 - log_a).numpy()
     log.info(
         "energy calibration: %s in %.1f s; the pooled muon log10 E's W1 to the training "
         "muons: %.4f dex before, %.4f after",
         mapped.describe(),
         time.perf_counter() - t0,
-        _w1(model[1], data[1]),
-        _w1(after, data[1]),
+        _w1(m_le, d_le),
+        _w1(after, d_le),
     )
-    return state
+    if radius:
+        t0 = time.perf_counter()
+        states["radius"] = calibration.fit_radius(
+            _radii(real, d_feat), _radii(fake, m_feat), zenith_bins, radius_energy_bins
+        )
+        log.info(
+            "radius calibration: %s in %.1f s",
+            calibration.RadiusCalibration(states["radius"]).describe(),
+            time.perf_counter() - t0,
+        )
+    return states
+
+
+def _radii(batch, feat: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(cos zenith (B,), log10 r of the muons (N,; -inf on the axis) in the generator's
+    feature unit (r / schema.POSITION_SCALE_M, the unit the map is applied in), counts (B,),
+    log10 E0 (B,)) for :func:`muongen.model.calibration.fit_radius`."""
+    xy = batch.muons[:, 1:3].double().numpy() / schema.POSITION_SCALE_M
+    r = np.hypot(xy[:, 0], xy[:, 1])
+    with np.errstate(divide="ignore"):
+        log_r = np.log10(r)
+    return feat[:, 1], log_r, batch.counts.numpy(), feat[:, 0]

@@ -34,7 +34,7 @@ from muongen.monitor.tensorboard import run_log_dir
 from muongen.train import distributed as ddp
 from muongen.train.batch_size import MuonBatch
 from muongen.train.budget import StepBudget, fewest_over_ranks
-from muongen.train.calibrate import EnergyCalibrationPart, fit_on_files
+from muongen.train.calibrate import CalibrationPart, fit_on_files
 from muongen.train.checkpoint import UNWRITABLE, Checkpointer, unwritable
 from muongen.train.monitor import TrainingMonitor
 from muongen.train.muon_weight import MuonWeight
@@ -193,9 +193,12 @@ class Trainer:
             cfg.train, cfg.optim, self.step_fn, clock, fewest_over_ranks(agree)
         )
         self.add_part("budget", self.budget)
-        # train.calibrate_rows: the muon energies' map, fitted when the run finishes
-        self.calibration = EnergyCalibrationPart()
+        # train.calibrate_rows: the muon energies' map (and, with train.calibrate_radius,
+        # the radii's), fitted when the run finishes
+        self.calibration = CalibrationPart()
         self.add_part("energy_calibration", self.calibration)
+        self.radius_calibration = CalibrationPart()
+        self.add_part("radius_calibration", self.radius_calibration)
         self.best = None  # the best validation's checkpoint, kept when validation runs
         if cfg.data.val_paths and cfg.logging.val_every:
             from muongen.evaluate.validation import BestCheckpoint
@@ -599,28 +602,32 @@ class Trainer:
                 return
 
     def _calibrate(self) -> bool:
-        """``train.calibrate_rows``: fit the muon energies' map of the finished generator
-        (rank 0, which writes the checkpoint that holds it); whether it did."""
+        """``train.calibrate_rows``: fit the maps of the finished generator (rank 0, which
+        writes the checkpoint that holds them); whether it did."""
         rows = self.cfg.train.calibrate_rows
         if rows <= 0 or not self.dist.is_main:
             return False
         try:
-            self.calibration.state = fit_on_files(
+            states = fit_on_files(
                 self.sampler,
                 self.files,
                 rows,
                 device=self.device,
                 seed=self.cfg.train.seed,
                 strict=self.cfg.data.strict,
+                radius=self.cfg.train.calibrate_radius,
             )
+            self.calibration.state = states.get("energy", {})
+            self.radius_calibration.state = states.get("radius", {})
         except (MuongenError, OSError, ValueError, RuntimeError) as exc:
-            # the trained model is worth more than its map: checkpoint it without one
+            # the trained model is worth more than its maps: checkpoint it without them
             log.warning(
-                "energy calibration failed (%s); the final checkpoint is written without it "
+                "calibration failed (%s); the final checkpoint is written without it "
                 "(train.calibrate_rows=0 skips it)",
                 exc,
             )
             self.calibration.reset()
+            self.radius_calibration.reset()
         return bool(self.calibration.state)
 
     def _close(self) -> None:

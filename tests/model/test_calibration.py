@@ -1,6 +1,7 @@
-"""train.calibrate_rows's map (muongen.model.calibration): fitted on a biased draw it
+"""train.calibrate_rows's maps (muongen.model.calibration): fitted on a biased draw each
 brings fresh draws back to the data's quantiles, class by class, keeps every muon's rank
-in its class, holds muons under E0 / A, and the generator applies it where it is attached."""
+in its class; the energy map holds muons under E0 / A, the radius map keeps each muon's
+direction from the axis; the generator applies them where they are attached."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ import torch
 from muongen.data.batch import RaggedBatch
 from muongen.model import build_models
 from muongen.model.calibration import (
+    RADIUS_STATE_VERSION,
     STATE_VERSION,
     EnergyCalibration,
+    RadiusCalibration,
     fit,
+    fit_radius,
     muon_classes,
 )
 from muongen.model.normaliser import fit_normalisers, per_nucleon_energy
@@ -148,3 +152,100 @@ def test_the_generator_applies_an_attached_calibration_after_the_fold(ragged):
     torch.testing.assert_close(got[:, 0], want)
     torch.testing.assert_close(got[:, 1:], plain[:, 1:])  # positions as drawn
     assert (got[:, 0] - plain[:, 0]).mean() < -0.2  # the map moved them, as fitted
+
+
+def _radial_sample(rng, n_events: int, biased: bool):
+    """(cos z (B,), log10 r (N,), counts (B,), log10 E0 (B,)): radii that grow with
+    inclination; ``biased``: the inclined half's 5-muon bundles 0.25 dex too far out and
+    its 30-muon ones squeezed 0.6x about their middle."""
+    counts = rng.choice([1, 5, 30, 150], size=n_events, p=[0.4, 0.3, 0.2, 0.1])
+    cos_z = rng.uniform(0.2, 1.0, n_events)
+    log_e0 = rng.uniform(-2.0, 2.0, n_events)
+    size, cz = np.repeat(counts, counts), np.repeat(cos_z, counts)
+    log_r = rng.normal(1.2, 0.4, counts.sum()) - 0.5 * cz
+    if biased:
+        inclined = cz < 0.6
+        log_r = np.where(inclined & (size == 5), log_r + 0.25, log_r)
+        log_r = np.where(inclined & (size == 30), 0.9 + 0.6 * (log_r - 0.9), log_r)
+    return cos_z, log_r, counts, log_e0
+
+
+def _apply_radius(cal, sample, phi):
+    cos_z, log_r, counts, log_e0 = sample
+    r = 10.0**log_r
+    cond = torch.zeros(len(counts), 4, dtype=torch.float64)
+    cond[:, 0], cond[:, 1] = torch.as_tensor(log_e0), torch.as_tensor(cos_z)
+    n = torch.as_tensor(np.repeat(counts, counts))
+    per_muon = torch.repeat_interleave(cond, torch.as_tensor(counts), dim=0)
+    x, y = torch.as_tensor(r * np.cos(phi)), torch.as_tensor(r * np.sin(phi))
+    x, y = cal.double()(x, y, n, per_muon)
+    return x.numpy(), y.numpy()
+
+
+def test_the_radius_map_brings_fresh_draws_to_the_data_and_keeps_directions():
+    rng = np.random.default_rng(5)
+    state = fit_radius(_radial_sample(rng, 20000, False), _radial_sample(rng, 20000, True))
+    cal = RadiusCalibration(state)
+    assert state["version"] == RADIUS_STATE_VERSION and state["fitted"][4:12].all()
+    truth, fresh = _radial_sample(rng, 20000, False), _radial_sample(rng, 20000, True)
+    phi = rng.uniform(-np.pi, np.pi, len(fresh[1]))
+    x, y = _apply_radius(cal, fresh, phi)
+    got = np.log10(np.hypot(x, y))
+    np.testing.assert_allclose(np.arctan2(y, x), phi, atol=1e-9)  # each muon's direction
+    size, want_size = np.repeat(fresh[2], fresh[2]), np.repeat(truth[2], truth[2])
+    cz, want_cz = np.repeat(fresh[0], fresh[2]), np.repeat(truth[0], truth[2])
+    q = [0.05, 0.25, 0.5, 0.75, 0.95]
+    for n in (5, 30):
+        for lo, hi in ((0.2, 0.4), (0.8, 1.0)):  # the inclined quartile and the vertical one
+            sel, ref_sel = (size == n) & (cz >= lo) & (cz < hi), (want_size == n) & (
+                want_cz >= lo
+            ) & (want_cz < hi)
+            ref = np.quantile(truth[1][ref_sel], q)
+            np.testing.assert_allclose(np.quantile(got[sel], q), ref, atol=0.05)
+            if lo == 0.2:  # the bias was there to undo
+                assert np.abs(np.quantile(fresh[1][sel], q) - ref).max() > 0.1
+
+
+def test_the_radius_map_leaves_a_muon_on_the_axis_and_refuses_another_version():
+    rng = np.random.default_rng(6)
+    data, model = _radial_sample(rng, 3000, False), _radial_sample(rng, 3000, True)
+    on_axis = model[1].copy()
+    on_axis[:50] = -np.inf  # r = 0: left out of the fit
+    state = fit_radius(data, (model[0], on_axis, model[2], model[3]))
+    cal = RadiusCalibration(state)
+    x, y = _apply_radius(cal, (model[0], on_axis, model[2], model[3]), np.zeros(len(on_axis)))
+    assert (x[:50] == 0).all() and (y[:50] == 0).all() and np.isfinite(x).all()
+    with pytest.raises(ValueError, match="radius calibration of version 7; this muongen"):
+        RadiusCalibration({**state, "version": 7})
+    with pytest.raises(ValueError, match="radius calibration table of shape"):
+        RadiusCalibration({**state, "table": state["table"][:3]})
+    by_energy = fit_radius(data, model, n_zenith_bins=2, n_energy_bins=2)
+    assert RadiusCalibration(by_energy).fitted.numel() == 16  # 4 sizes x 2 x 2
+
+
+@pytest.mark.parametrize("lateral_head", ["polar", "xy"])
+def test_the_generator_applies_an_attached_radius_map_last(ragged, lateral_head):
+    cfg = small_model_config(lateral_head=lateral_head)
+    torch.manual_seed(0)
+    gen, critic = build_models(cfg)
+    cond, muons, counts = ragged(b=3000, seed=2, max_count=40, empty=0.1)
+    fit_normalisers(gen, critic, RaggedBatch(cond, muons, counts))
+    plain = seeded_draw(gen, cond, counts)
+    n = int(counts.sum())
+    log_r = torch.log10(torch.hypot(plain[:, 1], plain[:, 2])).double().numpy()
+    rng = np.random.default_rng(4)
+    model = (cond[:, 1].double().numpy(), log_r, counts.numpy(), cond[:, 0].double().numpy())
+    data = (model[0], log_r + 0.3 + 0.05 * rng.standard_normal(n), model[2], model[3])
+    gen.radius_calibration = RadiusCalibration(fit_radius(data, model))
+    got = seeded_draw(gen, cond, counts)
+    want = gen.radius_calibration(
+        plain[:, 1],
+        plain[:, 2],
+        torch.repeat_interleave(counts, counts, output_size=n),
+        torch.repeat_interleave(cond, counts, dim=0, output_size=n),
+    )
+    torch.testing.assert_close(got[:, 0], plain[:, 0])  # energies as drawn
+    torch.testing.assert_close(got[:, 1], want[0])
+    torch.testing.assert_close(got[:, 2], want[1])
+    moved = torch.log10(torch.hypot(got[:, 1], got[:, 2])).double().numpy() - log_r
+    assert moved.mean() > 0.2  # the map moved them out, as fitted

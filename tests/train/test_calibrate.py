@@ -1,12 +1,13 @@
-"""train.calibrate_rows: a run that finishes maps its generator's muon energies onto the
-training files' and stores the map in its final checkpoint only; sampling, export and
-`muongen inspect` read it, `evaluate --uncalibrated` leaves it off, and a run that resumes
-and trains on starts without it."""
+"""train.calibrate_rows: a run that finishes maps its generator's muon energies and (with
+train.calibrate_radius, the default) radii onto the training files' and stores the maps in
+its final checkpoint only; sampling, export and `muongen inspect` read them, `evaluate
+--uncalibrated` leaves them off, and a run that resumes and trains on starts without them."""
 
 from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 import torch
 
@@ -27,36 +28,58 @@ def test_a_finished_run_calibrates_its_final_checkpoint_only(
     with caplog.at_level(logging.INFO, "muongen.train.calibrate"):
         assert Trainer(cfg, run).train() == 0
     said = [r.getMessage() for r in caplog.records if r.name == "muongen.train.calibrate"]
-    assert len(said) == 1 and "fitted on 1,600 training rows" in said[0]
-    assert "dex before" in said[0]
+    assert len(said) == 2 and "fitted on 1,600 training rows" in said[0]
+    assert "dex before" in said[0] and said[1].startswith("radius calibration: ")
     manifests = sorted((run / "checkpoints").glob("step-*.json"))
     assert [ckpt.read_manifest(m)["step"] for m in manifests] == [10, 20]
-    assert not ckpt.load(manifests[0]).get("energy_calibration")
-    state = ckpt.load(manifests[1])["energy_calibration"]
+    first, final = ckpt.load(manifests[0]), ckpt.load(manifests[1])
+    assert not first.get("energy_calibration") and not first.get("radius_calibration")
+    state = final["energy_calibration"]
     assert state["events"] == 1600 and 0 < int(state["fitted"].sum()) <= 16
+    assert final["radius_calibration"]["events"] == 1600
+    assert int(final["radius_calibration"]["fitted"].sum()) > 0
 
-    # sampling carries the map; --uncalibrated (calibrated=False) leaves it off
+    # sampling carries the maps; --uncalibrated (calibrated=False) leaves them off
     on = open_for_inference(manifests[1]).generator
     off = open_for_inference(manifests[1], calibrated=False).generator
     assert on.energy_calibration is not None and off.energy_calibration is None
-    cond = read_inputs([str(tiny_data)], 400).conditions
-    a, b = generate(on, cond, seed=4), generate(off, cond, seed=4)
+    assert on.radius_calibration is not None and off.radius_calibration is None
+    real = read_inputs([str(tiny_data)], 400)
+    a, b = generate(on, real.conditions, seed=4), generate(off, real.conditions, seed=4)
     assert torch.equal(a.counts, b.counts)
-    torch.testing.assert_close(a.muons[:, 1:], b.muons[:, 1:])
     moved = (a.muons[:, 0] / b.muons[:, 0] - 1).abs() > 1e-4
     assert moved.float().mean() > 0.2
+    # the radii are moved along each muon's own direction, towards the training data's (in
+    # metres, as the data: the map is fitted and applied in the same unit)
+    angle = [torch.atan2(m.muons[:, 2], m.muons[:, 1]) for m in (a, b)]
+    torch.testing.assert_close(angle[0], angle[1], rtol=0, atol=1e-4)
+
+    def log_r(sample):
+        return np.log10(torch.hypot(sample.muons[:, 1], sample.muons[:, 2]).double().numpy())
+
+    q = [0.1, 0.5, 0.9]
+    want = np.quantile(log_r(real), q)
+    assert np.abs(np.quantile(log_r(a), q) - want).max() < 0.1
+    assert np.abs(np.quantile(log_r(b), q) - want).max() > 0.2  # the untrained model's own
     text = format_text(inspect_checkpoint(str(manifests[1])))
     assert "muon energies calibrated after training (train.calibrate_rows)" in text
-    assert "no calibration" in format_text(inspect_checkpoint(str(manifests[0])))
+    assert "muon radii calibrated after training (train.calibrate_radius)" in text
+    first_text = format_text(inspect_checkpoint(str(manifests[0])))
+    assert "no calibration" in first_text and "no radius calibration" in first_text
 
-    # a resumed run trains on: it starts without the map and fits its own at its end
-    more = tiny_config(train__max_steps=30, train__calibrate_rows=100000)
+    # a resumed run trains on: it starts without the maps and fits its own at its end (here
+    # the energies' alone: train.calibrate_radius false)
+    more = tiny_config(
+        train__max_steps=30, train__calibrate_rows=100000, train__calibrate_radius=False
+    )
     resumed = Trainer(more, run)
     assert resumed.resume("auto") is not None and resumed.calibration.state == {}
+    assert resumed.radius_calibration.state == {}
     assert resumed.train() == 0
     last = ckpt.find_latest(run / "checkpoints")
     assert ckpt.read_manifest(last)["step"] == 30
     assert ckpt.load(last)["energy_calibration"]["events"] == 1600
+    assert not ckpt.load(last).get("radius_calibration")
 
 
 def test_a_run_without_calibrate_rows_or_stopped_early_has_no_map(tiny_config, tmp_path):
@@ -70,6 +93,12 @@ def test_a_run_without_calibrate_rows_or_stopped_early_has_no_map(tiny_config, t
     payload["energy_calibration"] = {"version": 99}
     saved = ckpt.save(payload, tmp_path / "future", "step-000000010", step=10)
     with pytest.raises(CheckpointError, match=r"step-000000010.json: its energy calibration"):
+        open_for_inference(saved.manifest)
+    assert open_for_inference(saved.manifest, calibrated=False).generator is not None
+    del payload["energy_calibration"]
+    payload["radius_calibration"] = {"version": 99}
+    saved = ckpt.save(payload, tmp_path / "future-r", "step-000000010", step=10)
+    with pytest.raises(CheckpointError, match=r"its radius calibration cannot be read"):
         open_for_inference(saved.manifest)
     assert open_for_inference(saved.manifest, calibrated=False).generator is not None
     stopped = tmp_path / "budget"
@@ -96,24 +125,29 @@ def test_the_benchmark_fits_the_trainers_map_on_a_checkpoint_and_scores_it(
     common = ["--checkpoint", ck, "--fit", held, "--data", held, "--n-splits", "2"]
     assert bench.main([*common, "--by", "off", "--out", str(tmp_path / "off")]) == 0
     assert bench.main([*common, "--out", str(tmp_path / "on")]) == 0
+    radius = ["--radius", "mult-zenith", "--out", str(tmp_path / "both")]
+    assert bench.main([*common, *radius]) == 0
     args = ["evaluate", "--checkpoint", ck, "--data", held, "--n-splits", "2", "--threads", "1"]
     assert main([*args, "--out", str(tmp_path / "ev")]) == 0
-    off, on, ev = (
-        json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("off", "on", "ev")
+    off, on, both, ev = (
+        json.loads((tmp_path / d / "metrics.json").read_text())
+        for d in ("off", "on", "both", "ev")
     )
     assert off["summary"]["median_ratio"] == ev["summary"]["median_ratio"]
     assert off["overall"] == ev["overall"]
     assert on["meta"]["checkpoint"].endswith("+ energy calibration")
+    assert both["meta"]["checkpoint"].endswith("+ energy calibration + radius calibration")
     energy = "muon_log10_energy"
     assert on["overall"][energy]["model"] != off["overall"][energy]["model"]
     assert on["overall"]["muon_radius"]["model"] == off["overall"]["muon_radius"]["model"]
+    assert both["overall"]["muon_radius"]["model"] != on["overall"]["muon_radius"]["model"]
 
 
 def test_a_calibration_that_fails_leaves_the_trained_checkpoint(
     tiny_config, tmp_path, caplog, monkeypatch
 ):
     """An error while fitting the map (here an unreadable training file met with
-    data.strict) is a warning: the run still ends with its final checkpoint, without a map."""
+    data.strict) is a warning: the run still ends with its final checkpoint, without maps."""
     from muongen.errors import InputFileError
 
     def fail(*args, **kwargs):
@@ -127,7 +161,8 @@ def test_a_calibration_that_fails_leaves_the_trained_checkpoint(
     last = ckpt.find_latest(run / "checkpoints")
     assert ckpt.read_manifest(last)["step"] == 7
     assert not ckpt.load(last).get("energy_calibration")
+    assert not ckpt.load(last).get("radius_calibration")
     assert any(
-        "energy calibration failed (/data/0003.parquet: truncated" in r.getMessage()
+        "calibration failed (/data/0003.parquet: truncated" in r.getMessage()
         for r in caplog.records
     )
