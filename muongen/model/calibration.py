@@ -1,4 +1,5 @@
-"""The generator's muon energies calibrated after training (``train.calibrate_rows``).
+"""The generator's muon energies and radii calibrated after training
+(``train.calibrate_rows``, ``train.calibrate_radius``).
 
 A GAN trained for half an hour gets the shape of each bundle right before it gets every
 muon energy's marginal to the last percent: on muon-rich data its pooled muon energies sat
@@ -13,11 +14,17 @@ energy-radius correlation and the bundle's multiplicity are the generator's own;
 energies' scale within a class moves. After it a muon is held at or under its primary's
 energy per nucleon, E0 / A.
 
-The map of each class is stored as a table on a uniform grid of the generator's log energy
-and read by linear interpolation (:class:`EnergyCalibration`): gathers and arithmetic only,
-so the exported generator (ONNX, TorchScript) carries it as the sampler does. A checkpoint
-holds it under ``energy_calibration`` (its final checkpoint only: a run that trains on
-starts without one); :func:`muongen.inference.open_for_inference` attaches it.
+The muons' log10 distances to the axis get a map of the same kind (:func:`fit_radius`),
+its classes the bundle size times the quartile of cos zenith (a bundle spreads wider the
+more inclined it is); each muon moves along its own direction from the axis
+(docs/fidelity.md, "The radii calibrated after training").
+
+The map of each class is stored as a table on a uniform grid of the generator's value and
+read by linear interpolation (:class:`EnergyCalibration`, :class:`RadiusCalibration`):
+gathers and arithmetic only, so the exported generator (ONNX, TorchScript) carries them as
+the sampler does. A checkpoint holds them under ``energy_calibration`` and
+``radius_calibration`` (its final checkpoint only: a run that trains on starts without
+them); :func:`muongen.inference.open_for_inference` attaches them.
 """
 
 from __future__ import annotations
@@ -181,25 +188,28 @@ def _by_class(values: np.ndarray, cls: np.ndarray, n_cls: int) -> list[np.ndarra
     return [ordered[bounds[c] : bounds[c + 1]] for c in range(n_cls)]
 
 
-class EnergyCalibration(nn.Module):
-    """The fitted maps, applied to the generator's log10 muon energies (feature units)."""
+class _ClassMaps(nn.Module):
+    """The tables of :func:`fit_tables` as buffers, with the class edges of their two
+    quantities (``edges``: their names, in the state and as buffers); a state of another
+    version or shape is a ValueError naming ``what``."""
 
-    def __init__(self, state: dict[str, Any]) -> None:
+    def __init__(
+        self, state: dict[str, Any], version: int, what: str, edges: tuple[str, str]
+    ) -> None:
         super().__init__()
-        version = state.get("version")
-        if version != STATE_VERSION:
+        if state.get("version") != version:
             raise ValueError(
-                f"an energy calibration of version {version}; this muongen reads {STATE_VERSION}"
+                f"{what} of version {state.get('version')}; this muongen reads {version}"
             )
         table = torch.as_tensor(state["table"], dtype=torch.float32)
         n_cls, grid = table.shape
-        edges = torch.as_tensor(state["e0_edges"], dtype=torch.float32).reshape(-1)
-        depth_edges = torch.as_tensor(state.get("depth_edges", ()), dtype=torch.float32)
-        depth_edges = depth_edges.reshape(-1)
-        if n_cls != n_classes(edges.numel(), depth_edges.numel()) or grid < 2:
-            raise ValueError(f"an energy calibration table of shape {tuple(table.shape)}")
-        self.register_buffer("e0_edges", edges)
-        self.register_buffer("depth_edges", depth_edges)
+        sizes = []
+        for name in edges:
+            values = torch.as_tensor(state.get(name, ()), dtype=torch.float32).reshape(-1)
+            self.register_buffer(name, values)
+            sizes.append(values.numel())
+        if n_cls != n_classes(*sizes) or grid < 2:
+            raise ValueError(f"{what} table of shape {tuple(table.shape)}")
         self.register_buffer("x0", torch.as_tensor(state["x0"], dtype=torch.float32))
         self.register_buffer("step", torch.as_tensor(state["step"], dtype=torch.float32))
         self.register_buffer("table", table.reshape(-1))
@@ -207,6 +217,23 @@ class EnergyCalibration(nn.Module):
         self.grid = int(grid)
         self.events = int(state.get("events", 0))
         self.muons = int(state.get("muons", 0))
+
+    def mapped(self, values: torch.Tensor, cls: torch.Tensor) -> torch.Tensor:
+        return lookup(values, cls, self.x0, self.step, self.table, self.fitted, self.grid)
+
+    def describe(self) -> str:
+        return (
+            f"{int(self.fitted.sum())} of {self.fitted.numel()} classes mapped, fitted on "
+            f"{self.events:,} training rows ({self.muons:,} muons)"
+        )
+
+
+class EnergyCalibration(_ClassMaps):
+    """The fitted maps, applied to the generator's log10 muon energies (feature units)."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        edges = ("e0_edges", "depth_edges")
+        super().__init__(state, STATE_VERSION, "an energy calibration", edges)
 
     def forward(
         self,
@@ -220,14 +247,7 @@ class EnergyCalibration(nn.Module):
         (N,), its primary's log10 E0 (N,), its depth (N,) and its ceiling log10(E0 / A)
         (N,), all in feature units."""
         cls = muon_classes(n_of_muon, log_e0, self.e0_edges, depth, self.depth_edges)
-        out = lookup(log_e, cls, self.x0, self.step, self.table, self.fitted, self.grid)
-        return torch.minimum(out, ceiling.to(log_e.dtype))
-
-    def describe(self) -> str:
-        return (
-            f"{int(self.fitted.sum())} of {self.fitted.numel()} classes mapped, fitted on "
-            f"{self.events:,} training rows ({self.muons:,} muons)"
-        )
+        return torch.minimum(self.mapped(log_e, cls), ceiling.to(log_e.dtype))
 
 
 def fit_radius(
@@ -277,33 +297,13 @@ def fit_radius(
     }
 
 
-class RadiusCalibration(nn.Module):
+class RadiusCalibration(_ClassMaps):
     """The fitted maps of each muon's log distance to the bundle's axis, by class of
     bundle size x zenith quantile (x primary-energy quantile): :func:`fit_radius`."""
 
     def __init__(self, state: dict[str, Any]) -> None:
-        super().__init__()
-        version = state.get("version")
-        if version != RADIUS_STATE_VERSION:
-            raise ValueError(
-                f"a radius calibration of version {version}; this muongen reads "
-                f"{RADIUS_STATE_VERSION}"
-            )
-        table = torch.as_tensor(state["table"], dtype=torch.float32)
-        n_cls, grid = table.shape
-        cz_edges = torch.as_tensor(state["cos_zenith_edges"], dtype=torch.float32).reshape(-1)
-        e0_edges = torch.as_tensor(state.get("e0_edges", ()), dtype=torch.float32).reshape(-1)
-        if n_cls != n_classes(cz_edges.numel(), e0_edges.numel()) or grid < 2:
-            raise ValueError(f"a radius calibration table of shape {tuple(table.shape)}")
-        self.register_buffer("cos_zenith_edges", cz_edges)
-        self.register_buffer("e0_edges", e0_edges)
-        self.register_buffer("x0", torch.as_tensor(state["x0"], dtype=torch.float32))
-        self.register_buffer("step", torch.as_tensor(state["step"], dtype=torch.float32))
-        self.register_buffer("table", table.reshape(-1))
-        self.register_buffer("fitted", torch.as_tensor(state["fitted"], dtype=torch.bool))
-        self.grid = int(grid)
-        self.events = int(state.get("events", 0))
-        self.muons = int(state.get("muons", 0))
+        edges = ("cos_zenith_edges", "e0_edges")
+        super().__init__(state, RADIUS_STATE_VERSION, "a radius calibration", edges)
 
     def forward(
         self, x: torch.Tensor, y: torch.Tensor, n_of_muon: torch.Tensor, cond: torch.Tensor
@@ -314,12 +314,6 @@ class RadiusCalibration(nn.Module):
         r = torch.sqrt(x * x + y * y)
         log_r = torch.log10(r.clamp_min(1e-30))
         cls = muon_classes(n_of_muon, cond[:, 1], self.cos_zenith_edges, cond[:, 0], self.e0_edges)
-        mapped = lookup(log_r, cls, self.x0, self.step, self.table, self.fitted, self.grid)
+        mapped = self.mapped(log_r, cls)
         scale = torch.where(r > 0, torch.pow(10.0, mapped - log_r), torch.ones_like(r))
         return x * scale, y * scale
-
-    def describe(self) -> str:
-        return (
-            f"{int(self.fitted.sum())} of {self.fitted.numel()} classes mapped, fitted on "
-            f"{self.events:,} training rows ({self.muons:,} muons)"
-        )

@@ -197,9 +197,10 @@ def test_the_radius_map_brings_fresh_draws_to_the_data_and_keeps_directions():
     q = [0.05, 0.25, 0.5, 0.75, 0.95]
     for n in (5, 30):
         for lo, hi in ((0.2, 0.4), (0.8, 1.0)):  # the inclined quartile and the vertical one
-            sel, ref_sel = (size == n) & (cz >= lo) & (cz < hi), (want_size == n) & (
-                want_cz >= lo
-            ) & (want_cz < hi)
+            sel, ref_sel = (
+                (size == n) & (cz >= lo) & (cz < hi),
+                (want_size == n) & (want_cz >= lo) & (want_cz < hi),
+            )
             ref = np.quantile(truth[1][ref_sel], q)
             np.testing.assert_allclose(np.quantile(got[sel], q), ref, atol=0.05)
             if lo == 0.2:  # the bias was there to undo

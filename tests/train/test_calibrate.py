@@ -130,8 +130,7 @@ def test_the_benchmark_fits_the_trainers_map_on_a_checkpoint_and_scores_it(
     args = ["evaluate", "--checkpoint", ck, "--data", held, "--n-splits", "2", "--threads", "1"]
     assert main([*args, "--out", str(tmp_path / "ev")]) == 0
     off, on, both, ev = (
-        json.loads((tmp_path / d / "metrics.json").read_text())
-        for d in ("off", "on", "both", "ev")
+        json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("off", "on", "both", "ev")
     )
     assert off["summary"]["median_ratio"] == ev["summary"]["median_ratio"]
     assert off["overall"] == ev["overall"]
