@@ -476,6 +476,9 @@ class TrainConfig:
     preset's 640000 rows took 23-29 s on issue 52's muon-rich data (17 million muons), where
     the pooled muon energies of three seeds went 1.09-1.74x the floor -> 0.91-1.05 at 6000
     held-out showers (docs/fidelity.md, "The muon energies calibrated after training")."""
+    calibrate_depth_bins: int = 1
+    """With ``calibrate_rows``, also split the energy map's classes by this many quantiles
+    of the training rows' depth (1: none; 4: 64 classes)."""
     calibrate_radius: bool = True
     """With ``calibrate_rows``, also map the muons' distances to the bundle's axis, from the
     same draw: for each of 16 classes (the bundle's size, times the quartile of cos zenith)
@@ -594,6 +597,8 @@ def validate(cfg: Config) -> None:
         ("optim.lr_critic", cfg.optim.lr_critic > 0, "must be > 0"),
         ("train.max_steps", cfg.train.max_steps >= 0, "must be >= 0"),
         ("train.budget_minutes", cfg.train.budget_minutes >= 0, "must be >= 0 (0: off)"),
+        ("train.calibrate_rows", cfg.train.calibrate_rows >= 0, "must be >= 0 (0: no maps)"),
+        ("train.calibrate_depth_bins", cfg.train.calibrate_depth_bins >= 1, "must be >= 1"),
         ("train.log_every", cfg.train.log_every >= 1, "must be >= 1"),
         ("train.cpu_threads", cfg.train.cpu_threads >= 0, "must be >= 0 (0: torch's default)"),
         ("train.step_shards", cfg.train.step_shards >= 0, "must be >= 0 (0: auto)"),

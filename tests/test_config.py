@@ -55,6 +55,8 @@ def test_precedence_defaults_file_overrides(tmp_path):
         ("train.step_shards=-1", "train.step_shards"),
         ("model.critic_log_radius_floor=0", "model.critic_log_radius_floor"),
         ("model.mult_hidden=[64, x]", "model.mult_hidden[1]"),
+        ("train.calibrate_depth_bins=0", "train.calibrate_depth_bins"),
+        ("train.calibrate_rows=-5", "train.calibrate_rows"),
     ],
 )
 def test_bad_overrides_name_the_key(override, key):

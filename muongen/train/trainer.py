@@ -615,6 +615,7 @@ class Trainer:
                 device=self.device,
                 seed=self.cfg.train.seed,
                 strict=self.cfg.data.strict,
+                depth_bins=self.cfg.train.calibrate_depth_bins,
                 radius=self.cfg.train.calibrate_radius,
             )
             self.calibration.state = states.get("energy", {})

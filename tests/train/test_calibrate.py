@@ -68,9 +68,13 @@ def test_a_finished_run_calibrates_its_final_checkpoint_only(
     assert "no calibration" in first_text and "no radius calibration" in first_text
 
     # a resumed run trains on: it starts without the maps and fits its own at its end (here
-    # the energies' alone: train.calibrate_radius false)
+    # the energies' alone, their classes split by depth: train.calibrate_radius false,
+    # train.calibrate_depth_bins 2)
     more = tiny_config(
-        train__max_steps=30, train__calibrate_rows=100000, train__calibrate_radius=False
+        train__max_steps=30,
+        train__calibrate_rows=100000,
+        train__calibrate_radius=False,
+        train__calibrate_depth_bins=2,
     )
     resumed = Trainer(more, run)
     assert resumed.resume("auto") is not None and resumed.calibration.state == {}
@@ -79,6 +83,8 @@ def test_a_finished_run_calibrates_its_final_checkpoint_only(
     last = ckpt.find_latest(run / "checkpoints")
     assert ckpt.read_manifest(last)["step"] == 30
     assert ckpt.load(last)["energy_calibration"]["events"] == 1600
+    assert ckpt.load(last)["energy_calibration"]["depth_edges"].numel() == 1
+    assert ckpt.load(last)["energy_calibration"]["table"].shape[0] == 32
     assert not ckpt.load(last).get("radius_calibration")
 
 
