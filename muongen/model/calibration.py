@@ -99,31 +99,46 @@ def fit(
     Returns:
         the state :class:`EnergyCalibration` is built from (tensors and numbers).
     """
-    d_e0, d_le, d_n = (np.asarray(a) for a in data[:3])
-    m_e0, m_le, m_n = (np.asarray(a) for a in model[:3])
-    edges = np.quantile(d_e0, np.arange(1, n_energy_bins) / n_energy_bins)
-    t_edges = torch.as_tensor(edges, dtype=torch.float64)
-    depth_edges = np.zeros(0)
-    if n_depth_bins > 1:
-        depth_edges = np.quantile(np.asarray(data[3]), np.arange(1, n_depth_bins) / n_depth_bins)
-    t_depth = torch.as_tensor(depth_edges, dtype=torch.float64)
+    d_le, d_n, m_le = np.asarray(data[1]), np.asarray(data[2]), np.asarray(model[1])
+    e0_edges = _quantile_edges(data[0], n_energy_bins)
+    depth_edges = _quantile_edges(data[3] if n_depth_bins > 1 else (), n_depth_bins)
 
-    def classes(sample, e0, n):
-        e0 = torch.as_tensor(e0, dtype=torch.float64)
-        depth = torch.as_tensor(sample[3], dtype=torch.float64) if len(depth_edges) else None
-        per_event = muon_classes(torch.as_tensor(n), e0, t_edges, depth, t_depth)
-        return np.repeat(per_event.numpy(), n)
+    def classes(sample):
+        depth = sample[3] if depth_edges.numel() else None
+        return _classes_of_muons(sample[2], sample[0], e0_edges, depth, depth_edges)
 
-    d_cls, m_cls = classes(data, d_e0, d_n), classes(model, m_e0, m_n)
-    n_cls = n_classes(len(edges), len(depth_edges))
+    n_cls = n_classes(e0_edges.numel(), depth_edges.numel())
     return {
         "version": STATE_VERSION,
-        "e0_edges": t_edges.float(),
-        "depth_edges": t_depth.float(),
-        **fit_tables(d_le, d_cls, m_le, m_cls, n_cls),
+        "e0_edges": e0_edges.float(),
+        "depth_edges": depth_edges.float(),
+        **fit_tables(d_le, classes(data), m_le, classes(model), n_cls),
         "events": len(d_n),
         "muons": len(d_le),
     }
+
+
+def _quantile_edges(values, n_bins: int) -> torch.Tensor:
+    """The inner edges (n_bins - 1,) float64 of ``n_bins`` equally filled classes of
+    ``values``; empty for ``n_bins`` <= 1."""
+    if n_bins <= 1:
+        return torch.zeros(0, dtype=torch.float64)
+    levels = np.arange(1, n_bins) / n_bins
+    return torch.as_tensor(np.quantile(np.asarray(values), levels), dtype=torch.float64)
+
+
+def _classes_of_muons(counts, first, first_edges, second, second_edges) -> np.ndarray:
+    """:func:`muon_classes` from per-event arrays (B,): each muon's class (N,), muons
+    event after event."""
+    counts = np.asarray(counts)
+
+    def per_event(a):
+        return None if a is None else torch.as_tensor(np.asarray(a), dtype=torch.float64)
+
+    cls = muon_classes(
+        torch.as_tensor(counts), per_event(first), first_edges, per_event(second), second_edges
+    )
+    return np.repeat(cls.numpy(), counts)
 
 
 def fit_tables(
@@ -270,27 +285,21 @@ def fit_radius(
     Returns:
         the state :class:`RadiusCalibration` is built from.
     """
-    d_cz, d_lr, d_n = (np.asarray(a) for a in data[:3])
-    m_cz, m_lr, m_n = (np.asarray(a) for a in model[:3])
-    cz_edges = np.quantile(d_cz, np.arange(1, n_zenith_bins) / n_zenith_bins)
-    e0_edges = np.zeros(0)
-    if n_energy_bins > 1:
-        e0_edges = np.quantile(np.asarray(data[3]), np.arange(1, n_energy_bins) / n_energy_bins)
-    t_cz = torch.as_tensor(cz_edges, dtype=torch.float64)
-    t_e0 = torch.as_tensor(e0_edges, dtype=torch.float64)
+    d_lr, d_n, m_lr = np.asarray(data[1]), np.asarray(data[2]), np.asarray(model[1])
+    cz_edges = _quantile_edges(data[0], n_zenith_bins)
+    e0_edges = _quantile_edges(data[3] if n_energy_bins > 1 else (), n_energy_bins)
 
-    def classes(sample, cz, n):
-        e0 = torch.as_tensor(sample[3], dtype=torch.float64) if len(e0_edges) else None
-        cz = torch.as_tensor(cz, dtype=torch.float64)
-        return np.repeat(muon_classes(torch.as_tensor(n), cz, t_cz, e0, t_e0).numpy(), n)
+    def classes(sample):
+        e0 = sample[3] if e0_edges.numel() else None
+        return _classes_of_muons(sample[2], sample[0], cz_edges, e0, e0_edges)
 
-    n_cls = n_classes(len(cz_edges), len(e0_edges))
-    d_cls, m_cls = classes(data, d_cz, d_n), classes(model, m_cz, m_n)
+    n_cls = n_classes(cz_edges.numel(), e0_edges.numel())
+    d_cls, m_cls = classes(data), classes(model)
     d_on, m_on = np.isfinite(d_lr), np.isfinite(m_lr)  # a muon on the axis stays there
     return {
         "version": RADIUS_STATE_VERSION,
-        "cos_zenith_edges": t_cz.float(),
-        "e0_edges": t_e0.float(),
+        "cos_zenith_edges": cz_edges.float(),
+        "e0_edges": e0_edges.float(),
         **fit_tables(d_lr[d_on], d_cls[d_on], m_lr[m_on], m_cls[m_on], n_cls),
         "events": len(d_n),
         "muons": len(d_lr),

@@ -110,9 +110,8 @@ def fit_on_files(
     model = (m_feat[:, 0], m_le, m_n, m_feat[:, 3])
     states = {"energy": calibration.fit(data, model, n_depth_bins=depth_bins)}
     mapped = calibration.EnergyCalibration(states["energy"]).double()
-    per_muon = [torch.as_tensor(np.repeat(a, m_n)) for a in (m_n, m_feat[:, 3], m_feat[:, 2])]
-    n, depth, log_a = per_muon
-    log_e0 = torch.as_tensor(np.repeat(m_feat[:, 0], m_n))
+    per_event = (m_n, m_feat[:, 3], m_feat[:, 2], m_feat[:, 0])
+    n, depth, log_a, log_e0 = (torch.as_tensor(np.repeat(a, m_n)) for a in per_event)
     after = mapped(torch.as_tensor(m_le), n, log_e0, depth, log_e0 - log_a).numpy()
     log.info(
         "energy calibration: %s in %.1f s; the pooled muon log10 E's W1 to the training "
